@@ -1,0 +1,37 @@
+"""One background event loop per process, so the ``*_sync`` twins work inside a running kernel."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _lock:
+        if _loop is None or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(
+                target=loop.run_forever, name="jupyter-lounge-loop", daemon=True
+            )
+            thread.start()
+            _loop = loop
+        return _loop
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from synchronous code, even if this thread has a loop."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    loop = _background_loop()
+    if running is loop:
+        raise RuntimeError("run_sync called from the lounge loop itself; await the coroutine")
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()

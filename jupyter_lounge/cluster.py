@@ -1,0 +1,357 @@
+"""Cluster: one controller plus node agents and their engines, with a name and a state file.
+
+Async-first (``await lounge.start()``), with ``*_sync`` twins that work inside a running
+kernel loop. ``scale`` edits the desired ranks and reconciles; ``map`` spreads work over the
+engines and returns a DataFrame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import time
+from pathlib import Path
+from typing import Any
+
+from . import state
+from ._loop import run_sync
+from .backends import make_backend
+from .engines import engine_kind
+from .errors import LoungeError, LoungeTimeout
+from .procs import alive, kill_group, spawn, tail
+
+_current: Cluster | None = None
+
+
+def current() -> Cluster:
+    """The cluster most recently started or attached in this process."""
+    if _current is None:
+        raise LoungeError("No cluster in this process yet: start one with `%lounge start N`.")
+    return _current
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise LoungeError(f"{what} must be a whole number above 0, not {value!r}.")
+    return value
+
+
+class Cluster:
+    def __init__(self, n: int = 1, *, name: str | None = None, engines: str = "ipyparallel",
+                 backend: str = "local", preload: list[str] | str = (), nodes: int = 1,
+                 wait: bool = False, timeout: float = 120.0, restart: bool = True,
+                 gpus: list[str] | None = None, engines_per_gpu: int = 1,
+                 heartbeat_ms: int = 500, progress: bool | None = None,
+                 stop_at_exit: bool = True):
+        self.n = _positive_int(n, "The number of engines")
+        self.nodes = _positive_int(nodes, "The number of nodes")
+        self.kind = engine_kind(engines)
+        self.backend = make_backend(backend)
+        if isinstance(preload, str):
+            preload = [m for m in preload.split(",") if m.strip()]
+        self.preload = [m.strip() for m in preload]
+        self.name = state.check_name(name) if name else self._free_name()
+        self.wait, self.timeout, self.restart = wait, float(timeout), restart
+        self.gpus = [str(g) for g in gpus] if gpus is not None else _detect_gpus()
+        self.engines_per_gpu = engines_per_gpu
+        self.heartbeat_ms = heartbeat_ms
+        self.progress = progress
+        self.stop_at_exit = stop_at_exit
+        self.agents: list[dict] = []
+        self.controller_pid: int | None = None
+        self.next_rank = 0
+        self.created = time.time()
+        self.status = "new"
+        self._client = None
+        self._display = None
+
+    # -- persistence ---------------------------------------------------------------------------
+    @property
+    def dir(self) -> Path:
+        return state.cluster_dir(self.name)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name, "engines": self.kind.name, "backend": self.backend.name,
+            "n": self.n, "nodes": self.nodes, "preload": self.preload, "status": self.status,
+            "agents": self.agents, "controller_pid": self.controller_pid,
+            "next_rank": self.next_rank, "created": self.created, "gpus": self.gpus,
+            "engines_per_gpu": self.engines_per_gpu, "restart": self.restart,
+            "heartbeat_ms": self.heartbeat_ms, "timeout": self.timeout,
+        }
+
+    def save(self) -> None:
+        state.save_state(self.name, self.to_dict())
+
+    @classmethod
+    def attach(cls, name: str) -> Cluster:
+        """The running cluster called ``name``, started by this or any other process."""
+        data = state.load_state(state.check_name(name))
+        if data is None:
+            known = ", ".join(d["name"] for d in state.list_states()) or "none"
+            raise LoungeError(f"No cluster named {name!r} (running: {known}); "
+                              "see `lounge list`.")
+        self = cls(data["n"], name=data["name"], engines=data["engines"],
+                   backend=data["backend"], preload=data["preload"], nodes=data["nodes"],
+                   gpus=data["gpus"], engines_per_gpu=data["engines_per_gpu"],
+                   restart=data["restart"], heartbeat_ms=data["heartbeat_ms"],
+                   timeout=data["timeout"], stop_at_exit=False)
+        self.agents, self.controller_pid = data["agents"], data["controller_pid"]
+        self.next_rank, self.created, self.status = data["next_rank"], data["created"], data["status"]
+        global _current
+        _current = self
+        return self
+
+    @staticmethod
+    def _free_name() -> str:
+        taken = {d["name"] for d in state.list_states()}
+        i = 1
+        while f"lounge-{i}" in taken:
+            i += 1
+        return f"lounge-{i}"
+
+    # -- start ---------------------------------------------------------------------------------
+    async def start(self) -> Cluster:
+        old = state.load_state(self.name)
+        if old is not None:
+            if alive(old.get("controller_pid")):
+                raise LoungeError(f"A cluster named {self.name!r} is already running: choose "
+                                  f"another --name, or stop it with `lounge stop {self.name}`.")
+            state.remove_state(self.name)  # a stale file from a cluster that died
+        self.status = "starting"
+        self.save()
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+        global _current
+        _current = self
+        if self.stop_at_exit:
+            atexit.register(self._stop_at_exit)
+        return self
+
+    async def _start(self) -> None:
+        cdir = self.dir
+        log = cdir / "controller.log"
+        cmd = self.kind.controller_command(cdir, self.backend.listen_ip(),
+                                           {"heartbeat_ms": self.heartbeat_ms})
+        self.controller_pid = spawn(cmd, log).pid
+        self.save()
+        ranks = self._split(range(self.n), self.nodes)
+        self.next_rank = self.n
+        for node, node_ranks in zip(self.backend.node_names(self.nodes), ranks):
+            await self._place_agent(node, node_ranks)
+        self.save()
+        self._show_progress()
+        engine_file, client_file = self.kind.connection_files(cdir)
+        await self._wait_for(lambda: client_file.exists() and state.read_json(client_file),
+                             30, "the controller to write its connection file",
+                             check=self._check_controller)
+        client_file.chmod(0o600)
+        engine_file.chmod(0o600)
+        self._client = await asyncio.to_thread(self.kind.connect, cdir, 30)
+        await self.wait_for_engines(self.n if self.wait else 1, self.timeout)
+        self.status = "running"
+        self.save()
+
+    async def _place_agent(self, node: str, ranks: list[int]) -> None:
+        cdir = self.dir
+        files = {k: str(cdir / f"agent-{node}.{k}") for k in ("spec.json", "control.json",
+                                                              "report.json", "log")}
+        state.write_json(files["control.json"], {"ranks": ranks, "size": self.n})
+        state.write_json(files["spec.json"], {
+            "cluster": self.name, "node": node, "engine_kind": self.kind.name,
+            "preload": self.preload, "ranks": ranks, "size": self.n,
+            "connection_file": str(self.kind.connection_files(cdir)[0]),
+            "control_file": files["control.json"], "report_file": files["report.json"],
+            "gpus": self.gpus, "engines_per_gpu": self.engines_per_gpu,
+            "restart": self.restart, "connect_timeout": 60,
+            "engine_options": {"profile_dir": str(cdir / "profile"),
+                               "local_directory": str(cdir / "dask-worker-space")},
+        })
+        handle = await self.backend.start_agent(node, Path(files["spec.json"]),
+                                                Path(files["log"]))
+        handle.update(ranks=list(ranks), files=files)
+        self.agents.append(handle)
+        self.save()
+
+    @staticmethod
+    def _split(ranks, parts: int) -> list[list[int]]:
+        ranks = list(ranks)
+        return [ranks[i::parts] for i in range(parts)]
+
+    # -- waiting -------------------------------------------------------------------------------
+    def _check_controller(self) -> None:
+        if not alive(self.controller_pid):
+            raise LoungeError(f"The {self.kind.name} controller of {self.name!r} exited: "
+                              f"{tail(self.dir / 'controller.log', 3) or 'no output'}")
+
+    def _check_agents(self) -> None:
+        for a in self.agents:
+            report = state.read_json(a["files"]["report.json"]) or {}
+            if report.get("status") == "failed":
+                raise LoungeError(report.get("error") or f"node agent on {a['node']} failed")
+            if not self.backend.agent_alive(a) and report.get("status") not in ("stopped",):
+                raise LoungeError(f"The node agent on {a['node']!r} exited: "
+                                  f"{tail(a['files']['log'], 3) or 'no output'}")
+
+    async def _wait_for(self, ready, timeout: float, what: str, check=None) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if check:
+                check()
+            self._check_agents()
+            if time.monotonic() > deadline:
+                raise LoungeTimeout(f"Timed out after {timeout:g} s waiting for {what} of "
+                                    f"cluster {self.name!r} ({self.describe()}); raise "
+                                    f"--timeout or read the logs in {self.dir}.")
+            await asyncio.sleep(0.05)
+
+    async def wait_for_engines(self, n: int | None = None, timeout: float | None = None) -> None:
+        """Return once ``n`` engines (default: all wanted) are registered."""
+        n = self.n if n is None else n
+        await self._wait_for(lambda: len(self.registered()) >= n, timeout or self.timeout,
+                             f"{n} engine{'s' if n != 1 else ''} to register",
+                             check=self._check_controller)
+
+    # -- observing -----------------------------------------------------------------------------
+    @property
+    def client(self) -> Any:
+        """The stock ``ipyparallel.Client`` or ``distributed.Client`` of this cluster."""
+        if self._client is None:
+            if not alive(self.controller_pid):
+                raise LoungeError(f"Cluster {self.name!r} has no running controller; "
+                                  "start it again.")
+            self._client = self.kind.connect(self.dir, 30)
+        return self._client
+
+    def registered(self) -> list[tuple[str, int]]:
+        return self.kind.registered(self.client) if self._client or self.status == "running" \
+            else []
+
+    def nodes_status(self) -> list[dict]:
+        """Per node: agent status, engines ready and wanted."""
+        counts: dict[str, int] = {}
+        if alive(self.controller_pid) and (self._client is not None or self.status == "running"):
+            for node, _ in self.registered():
+                counts[node] = counts.get(node, 0) + 1
+        rows = []
+        for a in self.agents:
+            report = state.read_json(a["files"]["report.json"]) or {}
+            status = report.get("status", "starting")
+            if not self.backend.agent_alive(a) and status not in ("stopped", "failed"):
+                status = "lost"
+            rows.append({"node": a["node"], "status": status, "ready": counts.get(a["node"], 0),
+                         "target": len(a["ranks"]), "pid": a["pid"],
+                         "error": report.get("error")})
+        return rows
+
+    def describe(self) -> str:
+        try:
+            rows = self.nodes_status()
+        except Exception:  # noqa: BLE001 - a description must not fail
+            return "status unknown"
+        ready = sum(r["ready"] for r in rows)
+        per_node = ", ".join(f"{r['node']}: {r['status']} {r['ready']}/{r['target']}"
+                             for r in rows)
+        return f"{ready}/{self.n} ready; {per_node}"
+
+    def __repr__(self) -> str:
+        return (f"<Lounge {self.name!r} {self.kind.name} on {self.backend.name}: "
+                f"{self.describe() if self.status == 'running' else self.status}>")
+
+    # -- scale and stop ------------------------------------------------------------------------
+    async def scale(self, n: int) -> None:
+        """Want ``n`` engines: fork the missing ones or stop the extra ones (idempotent)."""
+        n = _positive_int(n, "The number of engines")
+        if self.status != "running":
+            raise LoungeError(f"Cluster {self.name!r} is {self.status}, not running.")
+        self.n = n
+        have = sorted((r, i) for i, a in enumerate(self.agents) for r in a["ranks"])
+        if len(have) > n:
+            for rank, i in have[n:]:
+                self.agents[i]["ranks"].remove(rank)
+        while sum(len(a["ranks"]) for a in self.agents) < n:
+            smallest = min(self.agents, key=lambda a: len(a["ranks"]))
+            smallest["ranks"].append(self.next_rank)
+            self.next_rank += 1
+        self.save()
+        for a in self.agents:
+            state.write_json(a["files"]["control.json"], {"ranks": a["ranks"], "size": n})
+            await self.backend.nudge_agent(a)
+        self._show_progress()
+
+    async def stop(self) -> None:
+        """Stop every engine, agent and the controller; leave nothing of this cluster behind."""
+        self.status = "stopping"
+        if state.state_path(self.name).exists():
+            self.save()
+        for a in self.agents:
+            state.write_json(a["files"]["control.json"], {"stop": True})
+        await asyncio.gather(*(self.backend.stop_agent(a, 5.0) for a in self.agents))
+        if self._client is not None:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self.kind.close, self._client), 10)
+            except Exception:  # noqa: BLE001 - the controller goes next anyway
+                pass
+            self._client = None
+        await kill_group(self.controller_pid, grace=3.0)
+        state.remove_state(self.name)
+        self.status = "stopped"
+        global _current
+        if _current is self:
+            _current = None
+
+    def _stop_at_exit(self) -> None:
+        if self.status in ("running", "starting"):
+            try:
+                run_sync(asyncio.wait_for(self.stop(), 30))
+            except Exception:  # noqa: BLE001 - nothing left to tell at exit
+                pass
+
+    # -- work ----------------------------------------------------------------------------------
+    def map(self, fn, items, *, retries: int = 1, timeout: float | None = None,
+            progress: bool = True):
+        from .mapping import map_items
+
+        return map_items(self, fn, items, retries=retries, timeout=timeout, progress=progress)
+
+    def execute(self, code: str, timeout: float | None = None) -> None:
+        self.kind.execute(self.client, code, timeout)
+
+    def _show_progress(self) -> None:
+        if self.progress is False:
+            return
+        from .widgets import LaunchProgress
+
+        if self._display is None or self._display.done:
+            self._display = LaunchProgress(self, use_widget=self.progress)
+
+    # -- sync twins ----------------------------------------------------------------------------
+    def start_sync(self) -> Cluster:
+        return run_sync(self.start())
+
+    def scale_sync(self, n: int) -> None:
+        run_sync(self.scale(n))
+
+    def stop_sync(self) -> None:
+        run_sync(self.stop())
+
+    def wait_for_engines_sync(self, n: int | None = None, timeout: float | None = None) -> None:
+        run_sync(self.wait_for_engines(n, timeout))
+
+
+def _detect_gpus() -> list[str]:
+    """GPU indices on this machine from nvidia-smi, or none."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip().isdigit()]

@@ -1,0 +1,58 @@
+"""The engine-kind contract: start a controller, run one engine in a forked child, and give
+the cluster a client to count, map and execute with.
+
+Methods marked *agent* run in the node agent or its forked child and must not create a
+thread or a ZMQ context before the fork; methods marked *cluster* run where the cluster is
+controlled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+
+class EngineKind:
+    name = ""
+
+    # -- agent side ------------------------------------------------------------------------
+    def agent_imports(self) -> None:
+        """Import the engine's own machinery before the fork, so no child pays for it."""
+
+    def probe_address(self, connection: dict) -> tuple[str, int]:
+        """Host and TCP port the agent probes to notice that its controller is gone."""
+        raise NotImplementedError
+
+    def run_engine(self, connection_file: str, *, rank: int, node: str, restarts: int,
+                   options: dict) -> None:
+        """Run one engine until it is stopped (in a freshly forked child)."""
+        raise NotImplementedError
+
+    # -- cluster side ----------------------------------------------------------------------
+    def controller_command(self, cdir: Path, listen_ip: str, options: dict) -> list[str]:
+        raise NotImplementedError
+
+    def connection_files(self, cdir: Path) -> tuple[Path, Path]:
+        """(file the engines read, file the client reads); both exist once it is ready."""
+        raise NotImplementedError
+
+    def connect(self, cdir: Path, timeout: float) -> Any:
+        raise NotImplementedError
+
+    def close(self, client: Any) -> None:
+        raise NotImplementedError
+
+    def registered(self, client: Any) -> list[tuple[str, int]]:
+        """(node, rank) of every engine registered now."""
+        raise NotImplementedError
+
+    def submit_all(self, client: Any, fn: Any, payloads: Iterable[bytes],
+                   retries: int) -> list[Future]:
+        """Submit ``fn(payload)`` for each payload, load-balanced; futures in input order."""
+        raise NotImplementedError
+
+    def execute(self, client: Any, code: str, timeout: float | None) -> None:
+        """Run code on every engine, printing each engine's output as it arrives."""
+        raise NotImplementedError

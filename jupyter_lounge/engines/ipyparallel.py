@@ -1,0 +1,104 @@
+"""ipyparallel engines: an ``ipcontroller`` beside the cluster, ``IPEngine`` in each child."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ..errors import LoungeError, LoungeTimeout
+from .base import EngineKind
+
+
+class IPyParallelEngines(EngineKind):
+    name = "ipyparallel"
+
+    def agent_imports(self) -> None:
+        # The engine pulls ~140 modules (mostly ipykernel): import them once, here.
+        import ipykernel.ipkernel  # noqa: F401
+        import ipyparallel.engine.app  # noqa: F401
+        import ipyparallel.serialize  # noqa: F401
+
+    def probe_address(self, connection: dict) -> tuple[str, int]:
+        host = connection["interface"].split("://", 1)[1]
+        return host, int(connection["registration"])
+
+    def run_engine(self, connection_file, *, rank, node, restarts, options):
+        from ipyparallel.engine.app import IPEngine
+
+        app = IPEngine()
+        # The identity carries node and rank, so the cluster can count engines per node.
+        app.ident = f"{node}/{rank}/{uuid.uuid4().hex[:8]}"
+        argv = [
+            f"--IPEngine.url_file={connection_file}",
+            "--IPEngine.enable_nanny=False",  # the agent already watches this engine
+            "--log-level=WARN",
+        ]
+        if restarts == 0:
+            argv.append(f"--IPEngine.id={rank}")
+        if options.get("profile_dir"):
+            argv.append(f"--profile-dir={options['profile_dir']}")
+        app.initialize(argv)
+        app.start()
+
+    def controller_command(self, cdir: Path, listen_ip: str, options: dict) -> list[str]:
+        hb = int(options.get("heartbeat_ms", 500))
+        return [
+            sys.executable, "-m", "ipyparallel.controller",
+            f"--profile-dir={cdir / 'profile'}",
+            f"--ip={listen_ip}",
+            f"--HeartMonitor.period={hb}",
+            "--HeartMonitor.max_heartmonitor_misses=6",
+            "--log-level=WARN",
+        ]
+
+    def connection_files(self, cdir: Path) -> tuple[Path, Path]:
+        sec = cdir / "profile" / "security"
+        return sec / "ipcontroller-engine.json", sec / "ipcontroller-client.json"
+
+    def connect(self, cdir: Path, timeout: float) -> Any:
+        import ipyparallel as ipp
+
+        client_file = self.connection_files(cdir)[1]
+        try:
+            return ipp.Client(str(client_file), timeout=timeout)
+        except (TimeoutError, OSError) as e:
+            raise LoungeTimeout(
+                f"could not connect to the ipyparallel controller within {timeout:g} s "
+                f"({type(e).__name__}: {e}); its log is {cdir / 'controller.log'}"
+            ) from None
+
+    def close(self, client: Any) -> None:
+        client.close(linger=0)
+
+    def registered(self, client: Any) -> list[tuple[str, int]]:
+        out = []
+        engines = dict(client._engines)  # id -> ident "node/rank/nonce"; copy: IO thread writes
+        for eid in client.ids:
+            ident = engines.get(eid, "")
+            parts = ident.split("/")
+            if len(parts) == 3 and parts[1].isdigit():
+                out.append((parts[0], int(parts[1])))
+            else:
+                out.append(("?", eid))
+        return out
+
+    def submit_all(self, client, fn, payloads, retries):
+        view = client.load_balanced_view()
+        view.retries = retries
+        return [view.apply_async(fn, p) for p in payloads]
+
+    def execute(self, client, code, timeout):
+        if not client.ids:
+            raise LoungeError("No engine is registered yet; wait with `%lounge status` and retry.")
+        ar = client[:].execute(code, silent=False, block=False)
+        with ar.stream_output():
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not ar.ready():
+                if deadline is not None and time.monotonic() > deadline:
+                    raise LoungeTimeout(f"the cell did not finish on every engine within "
+                                        f"{timeout:g} s.")
+                ar.wait(0.1)
+        ar.get()  # raise the engines' errors (ipyparallel's CompositeError shows each one)

@@ -1,0 +1,11 @@
+"""The errors a user sees: one sentence that names the thing and what to do."""
+
+from __future__ import annotations
+
+
+class LoungeError(Exception):
+    """A failure explained in one sentence; shown without a traceback by the magics and CLI."""
+
+
+class LoungeTimeout(LoungeError, TimeoutError):
+    """A wait ran past its limit; the message names what was waited for."""

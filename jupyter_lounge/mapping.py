@@ -1,0 +1,73 @@
+"""``lounge.map``: one task per item, load-balanced, retried if its engine dies, into a table."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .errors import LoungeError, LoungeTimeout
+from .tasks import run_item
+
+
+def _payloads(fn, items: list) -> list[bytes]:
+    import cloudpickle
+
+    return [
+        cloudpickle.dumps((fn, (), item) if isinstance(item, dict) else (fn, (item,), {}))
+        for item in items
+    ]
+
+
+def map_items(cluster, fn, items, *, retries: int = 1, timeout: float | None = None,
+              progress: bool = True):
+    """Run ``fn`` on every item; a dict item is passed as keyword arguments (a sweep).
+
+    Returns a DataFrame in input order: the parameters, ``result`` (and, when every result
+    is a dict, its keys as columns), ``error``, ``engine``, ``node``, ``host``, ``seconds``.
+    """
+    import pandas as pd
+
+    if not callable(fn):
+        raise LoungeError(f"map needs a function to call, not {type(fn).__name__}.")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise LoungeError(f"retries must be a whole number of 0 or more, not {retries!r}.")
+    items = list(items)
+    futures = cluster.kind.submit_all(cluster.client, run_item, _payloads(fn, items), retries)
+    _wait(futures, timeout, progress)
+    rows = []
+    for item, fut in zip(items, futures):
+        row: dict[str, Any] = dict(item) if isinstance(item, dict) else {"item": item}
+        try:
+            out = fut.result()
+        except Exception as e:  # noqa: BLE001 - the engine died more often than retried
+            out = {"result": None, "error": f"{type(e).__name__}: {e}", "engine": -1,
+                   "node": "", "host": "", "seconds": float("nan")}
+        row.update(out)
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    results = [r["result"] for r in rows]
+    if results and all(isinstance(r, dict) for r in results):
+        for key in dict.fromkeys(k for r in results for k in r):
+            if key not in df.columns:
+                df[key] = [r.get(key) for r in results]
+    return df
+
+
+def _wait(futures: list, timeout: float | None, progress: bool) -> None:
+    from tqdm.auto import tqdm
+
+    pending = set(range(len(futures)))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with tqdm(total=len(futures), disable=not progress, desc="lounge.map", unit="item") as bar:
+        while pending:
+            done = {i for i in pending if futures[i].done()}
+            if done:
+                bar.update(len(done))
+                pending -= done
+                continue
+            if deadline is not None and time.monotonic() > deadline:
+                for i in pending:
+                    futures[i].cancel()
+                raise LoungeTimeout(f"Timed out after {timeout:g} s waiting for map results: "
+                                    f"{len(pending)} of {len(futures)} items unfinished.")
+            time.sleep(0.05)

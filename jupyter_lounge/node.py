@@ -1,0 +1,339 @@
+"""The node agent: one per node. Import the preload set once, then fork the engines.
+
+``python -m jupyter_lounge.node SPEC.json``. The spec (a 0600 file, so no connection info is
+ever on a command line) says which engines to run; the control file beside it says how many
+ranks are wanted and whether to stop, and is re-read on SIGHUP and every half second. The
+agent writes a report file the cluster reads: its status and each engine's pid and state.
+
+Forked children inherit every imported module by copy-on-write, so no engine pays for
+``import tensorflow``. That is only safe while this process has no extra thread and no ZMQ
+context, so the agent never creates either, and checks before every fork.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+
+from .engines import engine_kind
+from .state import read_json, write_json
+
+POLL_S = 0.2
+PROBE_EVERY_S = 2.0
+PROBE_MISSES = 3
+STOP_GRACE_S = 5.0
+MAX_RESTARTS = 5
+
+
+def gpu_for(local_index: int, gpus: list[str], engines_per_gpu: int) -> str | None:
+    """CUDA_VISIBLE_DEVICES for the engine with this index on its node, round-robin.
+
+    None when the node has no GPUs (leave the variable alone); "" for an engine beyond
+    ``len(gpus) * engines_per_gpu`` (it runs on the CPU rather than oversubscribing a GPU).
+    """
+    if not gpus:
+        return None
+    if engines_per_gpu > 0 and local_index >= len(gpus) * engines_per_gpu:
+        return ""
+    return str(gpus[local_index % len(gpus)])
+
+
+def fork_safety_problem() -> str | None:
+    """Why forking now would be unsafe (a thread or a ZMQ context exists), or None."""
+    import threading
+
+    others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    if others:
+        return f"threads {others} are running"
+    zmq = sys.modules.get("zmq")
+    if zmq is not None:
+        if getattr(zmq.Context, "_instance", None) is not None:
+            return "a ZMQ context exists"
+        if any(isinstance(o, zmq.Context) for o in gc.get_objects()):
+            return "a ZMQ context exists"
+    return None
+
+
+def _set_parent_death_signal() -> None:
+    """Ask Linux to SIGKILL this child when the agent dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _reseed(rank: int) -> None:
+    """Fork copies numpy's global random state: give every engine its own."""
+    seed = int.from_bytes(os.urandom(4), "little") ^ rank
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(seed)
+
+
+class NodeAgent:
+    def __init__(self, spec_path: str):
+        self.spec = read_json(spec_path)
+        if self.spec is None:
+            raise SystemExit(f"node agent: cannot read spec file {spec_path}")
+        s = self.spec
+        self.node = s["node"]
+        self.kind = engine_kind(s["engine_kind"])
+        self.report_path = s["report_file"]
+        self.control_path = s["control_file"]
+        self.children: dict[int, int] = {}  # pid -> rank
+        self.engines: dict[str, dict] = {}  # str(rank) -> {pid, state, restarts, index}
+        self.wanted: list[int] = list(s["ranks"])
+        self.stopping = False
+        self.status = "starting"
+        self.error: str | None = None
+        self._control_mtime = 0.0
+        self._hup = False
+        self._next_index = 0
+
+    # -- reporting ---------------------------------------------------------------------------
+    def report(self) -> None:
+        write_json(
+            self.report_path,
+            {
+                "node": self.node,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "status": self.status,
+                "error": self.error,
+                "engines": self.engines,
+                "time": time.time(),
+            },
+        )
+
+    def fail(self, message: str, code: int = 3) -> None:
+        self.status, self.error = "failed", message
+        print(f"node agent {self.node}: {message}", file=sys.stderr, flush=True)
+        self.report()
+        self.stop_children()
+        sys.exit(code)
+
+    # -- startup -----------------------------------------------------------------------------
+    def preload(self) -> None:
+        self.status = "preloading"
+        self.report()
+        for module in self.spec.get("preload", []):
+            try:
+                importlib.import_module(module)
+            except BaseException as e:  # noqa: BLE001 - any import failure is the user's to see
+                self.fail(
+                    f"preload module {module!r} failed to import on node {self.node!r}: "
+                    f"{type(e).__name__}: {e}"
+                )
+        try:
+            self.kind.agent_imports()
+        except BaseException as e:  # noqa: BLE001
+            self.fail(f"engine kind {self.kind.name!r} cannot be imported on node "
+                      f"{self.node!r}: {type(e).__name__}: {e}")
+
+    def wait_for_controller(self) -> None:
+        self.status = "waiting-controller"
+        self.report()
+        path = self.spec["connection_file"]
+        deadline = time.monotonic() + self.spec.get("connect_timeout", 60)
+        while not os.path.exists(path) or read_json(path) is None:
+            if self.stopping:
+                self.shutdown()
+            if time.monotonic() > deadline:
+                self.fail(f"timed out waiting for the controller's connection file {path}")
+            time.sleep(0.05)
+        self.probe_addr = self.kind.probe_address(read_json(path))
+
+    # -- engines -----------------------------------------------------------------------------
+    def fork_engine(self, rank: int) -> None:
+        problem = fork_safety_problem()
+        if problem:
+            self.fail(f"cannot fork engines on node {self.node!r}: {problem} before the fork "
+                      "(a preload module started it); remove that module from --preload")
+        entry = self.engines.setdefault(str(rank), {"restarts": -1, "index": self._next_index})
+        if entry["index"] == self._next_index:
+            self._next_index += 1
+        entry["restarts"] += 1
+        gpu = gpu_for(entry["index"], self.spec.get("gpus", []),
+                      self.spec.get("engines_per_gpu", 1))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the engine
+            code = 1
+            try:
+                _set_parent_death_signal()
+                if os.getppid() != self.agent_pid:
+                    os._exit(1)
+                for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                os.environ.update(
+                    LOUNGE_RANK=str(rank),
+                    LOUNGE_SIZE=str(self.spec["size"]),
+                    LOUNGE_NODE=self.node,
+                    LOUNGE_CLUSTER=self.spec["cluster"],
+                )
+                if gpu is not None:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+                _reseed(rank)
+                gc.unfreeze()
+                self.kind.run_engine(
+                    self.spec["connection_file"], rank=rank, node=self.node,
+                    restarts=entry["restarts"], options=self.spec.get("engine_options", {}),
+                )
+                code = 0
+            except BaseException:  # noqa: BLE001
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        self.children[pid] = rank
+        entry.update(pid=pid, state="running", started=time.time())
+
+    def reap(self) -> bool:
+        changed = False
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            rank = self.children.pop(pid, None)
+            if rank is None:
+                continue
+            changed = True
+            entry = self.engines[str(rank)]
+            entry["state"] = "exited"
+            entry["exit"] = os.waitstatus_to_exitcode(status)
+            if (not self.stopping and rank in self.wanted and self.spec.get("restart", True)
+                    and entry["restarts"] < MAX_RESTARTS):
+                self.fork_engine(rank)
+        return changed
+
+    def read_control(self) -> bool:
+        try:
+            mtime = os.stat(self.control_path).st_mtime
+        except FileNotFoundError:
+            return False
+        if mtime == self._control_mtime and not self._hup:
+            return False
+        self._hup = False
+        self._control_mtime = mtime
+        control = read_json(self.control_path) or {}
+        if control.get("stop"):
+            self.stopping = True
+            return True
+        if "ranks" in control:
+            self.wanted = list(control["ranks"])
+            self.spec["size"] = control.get("size", self.spec["size"])
+            running = set(self.children.values())
+            for pid, rank in list(self.children.items()):
+                if rank not in self.wanted:
+                    self.engines[str(rank)]["state"] = "stopping"
+                    os.kill(pid, signal.SIGTERM)
+            for rank in self.wanted:
+                if rank not in running:
+                    self.fork_engine(rank)
+        return True
+
+    def controller_alive(self) -> bool:
+        try:
+            with socket.create_connection(self.probe_addr, timeout=1.0):
+                return True
+        except OSError:
+            return False
+
+    def stop_children(self) -> None:
+        for pid in list(self.children):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + STOP_GRACE_S
+        while self.children and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.05)
+        for pid in list(self.children):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        while self.children:
+            try:
+                pid, _ = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            self.children.pop(pid, None)
+
+    def shutdown(self, reason: str = "stopped") -> None:
+        self.status = "stopping"
+        self.report()
+        self.stop_children()
+        for entry in self.engines.values():
+            entry["state"] = "exited"
+        self.status = reason
+        self.report()
+        sys.exit(0)
+
+    # -- main --------------------------------------------------------------------------------
+    def _on_term(self, signum, frame) -> None:
+        if not self.children and self.status in ("starting", "preloading"):
+            self.status = "stopped"  # nothing forked yet: leave now, not after the import
+            self.report()
+            os._exit(0)
+        self.stopping = True
+
+    def _on_hup(self, signum, frame) -> None:
+        self._hup = True
+
+    def run(self) -> None:
+        self.agent_pid = os.getpid()
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        signal.signal(signal.SIGHUP, self._on_hup)
+        self.preload()
+        self.wait_for_controller()
+        gc.collect()
+        gc.freeze()
+        self.read_control()
+        for rank in self.wanted:
+            if str(rank) not in self.engines or self.engines[str(rank)].get("state") != "running":
+                self.fork_engine(rank)
+        self.status = "running"
+        self.report()
+        next_probe, misses = time.monotonic() + PROBE_EVERY_S, 0
+        while not self.stopping:
+            changed = self.reap()
+            changed |= self.read_control()
+            if time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + PROBE_EVERY_S
+                misses = 0 if self.controller_alive() else misses + 1
+                if misses >= PROBE_MISSES:
+                    self.error = "the controller stopped answering; engines taken down"
+                    self.shutdown("controller-lost")
+            if changed:
+                self.report()
+            time.sleep(POLL_S)
+        self.shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m jupyter_lounge.node SPEC.json")
+    NodeAgent(argv[0]).run()
+
+
+if __name__ == "__main__":
+    main()
