@@ -44,8 +44,12 @@ def gpu_for(local_index: int, gpus: list[str], engines_per_gpu: int) -> str | No
     return str(gpus[local_index % len(gpus)])
 
 
-def fork_safety_problem() -> str | None:
-    """Why forking now would be unsafe (a thread or a ZMQ context exists), or None."""
+def fork_safety_problem(thorough: bool = True) -> str | None:
+    """Why forking now would be unsafe (a thread or a ZMQ context exists), or None.
+
+    ``thorough`` also scans every object for a ZMQ context (slow with TensorFlow loaded):
+    done once before the first fork; later forks check threads and the global context.
+    """
     import threading
 
     others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
@@ -55,7 +59,7 @@ def fork_safety_problem() -> str | None:
     if zmq is not None:
         if getattr(zmq.Context, "_instance", None) is not None:
             return "a ZMQ context exists"
-        if any(isinstance(o, zmq.Context) for o in gc.get_objects()):
+        if thorough and any(isinstance(o, zmq.Context) for o in gc.get_objects()):
             return "a ZMQ context exists"
     return None
 
@@ -155,7 +159,7 @@ class NodeAgent:
 
     # -- engines -----------------------------------------------------------------------------
     def fork_engine(self, rank: int) -> None:
-        problem = fork_safety_problem()
+        problem = fork_safety_problem(thorough=not self.children)
         if problem:
             self.fail(f"cannot fork engines on node {self.node!r}: {problem} before the fork "
                       "(a preload module started it); remove that module from --preload")
@@ -185,7 +189,6 @@ class NodeAgent:
                 if gpu is not None:
                     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
                 _reseed(rank)
-                gc.unfreeze()
                 self.kind.run_engine(
                     self.spec["connection_file"], rank=rank, node=self.node,
                     restarts=entry["restarts"], options=self.spec.get("engine_options", {}),

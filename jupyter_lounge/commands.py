@@ -1,0 +1,125 @@
+"""The words of ``%lounge`` and ``lounge``: one parser for the magic and the CLI, and the
+tables they print. Bad input becomes one LoungeError sentence, never an argparse exit."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from .errors import LoungeError
+
+USAGE = """\
+%lounge start N [--engines ipyparallel|dask] [--backend local] [--nodes M] [--name NAME]
+               [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart]
+%lounge scale N [--name NAME]     %lounge status [NAME]     %lounge list
+%lounge stop [NAME]               %lounge attach NAME       %%lounge [NAME]  (cell on every engine)"""
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number above 0, not {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number above 0, not {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 seconds, not {value:g}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    hint = "%lounge help"
+
+    def error(self, message: str):  # argparse would print and exit; we raise one sentence
+        hint = self.hint
+        if message.startswith("unrecognized arguments:"):
+            extra = message.split(":", 1)[1].strip()
+            raise LoungeError(f"Unknown option {extra}: see `{hint}` for the options.")
+        if "required: n" in message:
+            raise LoungeError(f"Say how many engines, e.g. `{hint.split()[0]} {self.prog.split()[-1]} 8`.")
+        if message.startswith("argument "):
+            what, _, why = message[len("argument "):].partition(": ")
+            names = {"n": "The number of engines", "--nodes": "--nodes",
+                     "--timeout": "--timeout", "--engines": "--engines",
+                     "--backend": "--backend", "command": "The command"}
+            what = names.get(what.split("/")[0], what)
+            raise LoungeError(f"{what} {why} (see `{hint}`).")
+        raise LoungeError(f"{message[0].upper()}{message[1:]} (see `{hint}`).")
+
+
+def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
+    parser_class = type("Parser", (_Parser,), {"hint": f"{prog} help"})
+    parser = parser_class(prog=prog, add_help=False)
+    sub = parser.add_subparsers(dest="command", parser_class=parser_class, required=True)
+    start = sub.add_parser("start", add_help=False)
+    start.add_argument("n", type=positive_int)
+    start.add_argument("--engines", default="ipyparallel")  # checked by engine_kind()
+    start.add_argument("--backend", default="local")  # checked by make_backend()
+    start.add_argument("--nodes", type=positive_int, default=1)
+    start.add_argument("--name")
+    start.add_argument("--preload", default="")
+    start.add_argument("--wait", action="store_true")
+    start.add_argument("--timeout", type=positive_float, default=120.0)
+    start.add_argument("--no-restart", dest="restart", action="store_false")
+    scale = sub.add_parser("scale", add_help=False)
+    scale.add_argument("n", type=positive_int)
+    scale.add_argument("--name")
+    for name in ("status", "stop"):
+        sub.add_parser(name, add_help=False).add_argument("name", nargs="?")
+    sub.add_parser("attach", add_help=False).add_argument("name")
+    sub.add_parser("list", add_help=False)
+    sub.add_parser("help", add_help=False)
+    return parser
+
+
+def usage(prog: str = "%lounge") -> str:
+    text = USAGE.replace("%lounge", prog)
+    return text if prog == "%lounge" else text.replace(f"%{prog} [NAME]  (cell on every engine)",
+                                                       "")
+
+
+def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
+    if not words:
+        raise LoungeError(f"Say what to do, e.g. `{prog} start 8`; see `{prog} help`.")
+    known = ("start", "scale", "status", "stop", "attach", "list", "help")
+    if words[0] not in known:
+        raise LoungeError(f"Unknown command {words[0]!r}: use one of {', '.join(known)}.")
+    return build_parser(prog).parse_args(words)
+
+
+def start_options(args: argparse.Namespace) -> dict:
+    return {"name": args.name, "engines": args.engines, "backend": args.backend,
+            "nodes": args.nodes, "preload": args.preload, "wait": args.wait,
+            "timeout": args.timeout, "restart": args.restart}
+
+
+def format_table(rows: list[dict], columns: list[str]) -> str:
+    if not rows:
+        return "(none)"
+    cells = [[str(r.get(c, "") if r.get(c) is not None else "") for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def format_status(status: dict) -> str:
+    head = (f"{status['name']}: {status['engines']} on {status['backend']}, "
+            f"{status['status']}, {status['ready']}/{status['target']} engines ready")
+    return head + "\n" + format_table(status["nodes"], ["node", "status", "ready", "target",
+                                                        "pid", "error"])
+
+
+def format_list(rows: list[dict]) -> str:
+    for r in rows:
+        r["age"] = time.strftime("%H:%M:%S", time.gmtime(r["age_s"]))
+    return format_table(rows, ["name", "engines", "backend", "n", "nodes", "status", "age",
+                               "preload"])
