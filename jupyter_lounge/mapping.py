@@ -23,7 +23,7 @@ def map_items(cluster, fn, items, *, retries: int = 1, timeout: float | None = N
     """Run ``fn`` on every item; a dict item is passed as keyword arguments (a sweep).
 
     Returns a DataFrame in input order: the parameters, ``result`` (and, when every result
-    is a dict, its keys as columns), ``error``, ``engine``, ``node``, ``host``, ``seconds``.
+    that did not fail is a dict, its keys as columns), ``error``, ``engine``, ``node``, ``host``, ``seconds``.
     """
     import pandas as pd
 
@@ -45,11 +45,12 @@ def map_items(cluster, fn, items, *, retries: int = 1, timeout: float | None = N
         row.update(out)
         rows.append(row)
     df = pd.DataFrame(rows)
-    results = [r["result"] for r in rows]
+    results = [r["result"] for r in rows if r["error"] is None]
     if results and all(isinstance(r, dict) for r in results):
         for key in dict.fromkeys(k for r in results for k in r):
             if key not in df.columns:
-                df[key] = [r.get(key) for r in results]
+                df[key] = [r["result"].get(key) if isinstance(r["result"], dict) else None
+                           for r in rows]
     return df
 
 

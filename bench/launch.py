@@ -1,0 +1,336 @@
+"""Launch benchmark: seconds and memory until N engines have each run a TensorFlow op.
+
+For every N (8, 16, 32; 64 too with ``--big``) and every way, this measures
+
+* seconds: from just before starting the cluster until all N engines are registered AND
+  every one of them has imported TensorFlow and run ``tf.reduce_sum(tf.ones((8, 8)))``;
+* pss_mib: the summed PSS (``psutil...memory_full_info().pss``, MiB) of the engine
+  processes at that moment, all of them still alive. PSS splits each shared page between
+  the processes that share it, so pages shared with a parent that is not counted (the
+  node agent, the floor's parent) are counted only in part.
+
+The ways:
+
+* ours: ``Lounge(N, engines="ipyparallel", preload=["tensorflow"], wait=True)``; engines
+  are forked from a node agent that has imported TensorFlow. Processes counted: all
+  descendants of the agent pids (the agent itself is not counted).
+* ours-dask: the same with ``engines="dask"``; the op runs through ``client.run``.
+* ipyparallel: stock ``ipyparallel.Cluster(n=N)``; the engines import TensorFlow when the
+  op is applied. Counted: our descendants whose command line holds ``ipyparallel.engine``
+  (so not the controller).
+* dask: stock ``LocalCluster(processes=True, threads_per_worker=1, memory_limit=0)``.
+  Counted: the worker processes (pids reported by the workers). The nannies live inside
+  this process under LocalCluster, so there is no nanny process to count.
+* floor: one fresh python imports TensorFlow, forks N children that each run the op; time
+  is measured inside that python from before the import until all children are reaped,
+  minus the pause in which this process samples the children's PSS (all alive, op done).
+
+Each way starts from a fresh state and is stopped (and any leftover process killed)
+before the next. A way that fails or times out is recorded as None. Nothing is asserted.
+
+    python bench/launch.py [--sizes 8,16] [--big] [--ways ours,floor] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import psutil
+
+TIMEOUT = 300.0  # per stock step; ours uses the Lounge timeout of 600 s
+WAYS = ("ours", "ours-dask", "ipyparallel", "dask", "floor")
+MIB = 2**20
+
+
+def tf_op() -> float:
+    import tensorflow as tf
+
+    return float(tf.reduce_sum(tf.ones((8, 8))))
+
+
+def with_timeout(fn, timeout: float = TIMEOUT):
+    """fn() in a daemon thread; raise TimeoutError if it takes longer than ``timeout``."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise TimeoutError(f"no answer within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def check_results(values, n: int) -> None:
+    values = list(values)
+    if len(values) != n or any(v != 64.0 for v in values):
+        raise RuntimeError(f"expected {n} results of 64.0, got {values!r}")
+
+
+def pss_mib(procs) -> float:
+    total = 0
+    for p in procs:
+        try:
+            total += (p if isinstance(p, psutil.Process) else psutil.Process(p)) \
+                .memory_full_info().pss
+        except psutil.NoSuchProcess:  # includes zombies
+            pass
+    return total / MIB
+
+
+def descendants(pid: int | None = None) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid or os.getpid()).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+# -- the ways: each returns (seconds, pss_mib) and leaves nothing running ----------------------
+def run_ours(n: int, engines: str) -> tuple[float, float]:
+    from jupyter_lounge import Lounge
+
+    t0 = time.perf_counter()
+    c = Lounge(n, engines=engines, preload=["tensorflow"], progress=False, wait=True,
+               timeout=600)
+    try:
+        c.start_sync()
+        if engines == "dask":
+            check_results(with_timeout(lambda: c.client.run(tf_op)).values(), n)
+        else:
+            check_results(c.client[:].apply_async(tf_op).get(timeout=TIMEOUT), n)
+        seconds = time.perf_counter() - t0
+        return seconds, pss_mib(p for a in c.agents for p in descendants(a["pid"]))
+    finally:
+        c.stop_sync()
+
+
+def run_ipyparallel(n: int) -> tuple[float, float]:
+    import ipyparallel as ipp
+
+    t0 = time.perf_counter()
+    cluster = ipp.Cluster(n=n, log_level=40, engine_timeout=TIMEOUT)
+    rc = None
+    try:
+        rc = cluster.start_and_connect_sync()  # waits for n engines, up to engine_timeout
+        check_results(rc[:].apply_async(tf_op).get(timeout=TIMEOUT), n)
+        seconds = time.perf_counter() - t0
+        engines = [p for p in descendants() if "ipyparallel.engine" in " ".join(p.cmdline())]
+        if len(engines) != n:
+            print(f"  note: found {len(engines)} ipyparallel engine processes, not {n}",
+                  file=sys.stderr)
+        return seconds, pss_mib(engines)
+    finally:
+        if rc is not None:
+            rc.close()
+        cluster.stop_cluster_sync()
+
+
+def run_dask(n: int, tmp: str) -> tuple[float, float]:
+    from distributed import Client, LocalCluster
+
+    t0 = time.perf_counter()
+    # memory_limit=0: no per-worker limit, as our dask engines have (24 GB / 64 workers
+    # would otherwise let the nanny kill workers that import TensorFlow).
+    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                           dashboard_address=None, memory_limit=0, local_directory=tmp,
+                           silence_logs=logging.ERROR)
+    client = None
+    try:
+        client = Client(cluster, timeout=TIMEOUT)
+        client.wait_for_workers(n, timeout=TIMEOUT)
+        check_results(with_timeout(lambda: client.run(tf_op)).values(), n)
+        seconds = time.perf_counter() - t0
+        return seconds, pss_mib(client.run(os.getpid).values())
+    finally:
+        if client is not None:
+            client.close(timeout=10)
+        cluster.close(timeout=30)
+
+
+FLOOR = r"""
+import json, os, sys, time
+t0 = time.perf_counter()
+import tensorflow as tf  # import only: no op in the parent before forking
+n = int(sys.argv[1])
+ready_r, ready_w = os.pipe()
+go_r, go_w = os.pipe()
+pids = []
+for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+        os.close(go_w)
+        ok = float(tf.reduce_sum(tf.ones((8, 8)))) == 64.0
+        os.write(ready_w, b"1" if ok else b"0")
+        os.read(go_r, 1)  # wait, alive, until the parent closes go_w
+        os._exit(0)
+    pids.append(pid)
+os.close(ready_w)
+os.close(go_r)
+got = b""
+while len(got) < n:
+    chunk = os.read(ready_r, n)
+    if not chunk:  # every child gone
+        break
+    got += chunk
+t_ready = time.perf_counter()
+print(json.dumps({"pids": pids, "ok": got.count(b"1")}), flush=True)
+sys.stdin.readline()  # the benchmark samples the children's PSS meanwhile
+t_go = time.perf_counter()
+os.close(go_w)
+for pid in pids:
+    os.waitpid(pid, 0)
+t_end = time.perf_counter()
+print(json.dumps({"seconds": (t_ready - t0) + (t_end - t_go)}), flush=True)
+"""
+
+
+def run_floor(n: int, notes: list[str]) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", FLOOR, str(n)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(with_timeout(proc.stdout.readline) or "null")
+        if not first or first["ok"] != n:
+            raise RuntimeError(f"floor children did not all run the op: {first!r}")
+        pause = time.perf_counter()
+        pss = pss_mib(first["pids"])
+        pause = time.perf_counter() - pause
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        inside = json.loads(with_timeout(proc.stdout.readline))["seconds"]
+        outside = time.perf_counter() - t0 - pause
+        notes.append(f"floor N={n}: {inside:.2f} s inside the subprocess (reported), "
+                     f"{outside:.2f} s from Popen incl. interpreter start")
+        return inside, pss
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# -- running and reporting -----------------------------------------------------------------------
+def kill_leftovers(before: set[int]) -> None:
+    """Wait a little for processes started by a way to go, then kill what is left."""
+    procs = [p for p in descendants() if p.pid not in before]
+    procs = [p for p in procs if not _is_resource_tracker(p)]
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    if alive:
+        print(f"  killed {len(alive)} leftover process(es)", file=sys.stderr)
+        psutil.wait_procs(alive, timeout=5)
+
+
+def _is_resource_tracker(p: psutil.Process) -> bool:
+    try:
+        return "resource_tracker" in " ".join(p.cmdline())
+    except psutil.NoSuchProcess:
+        return False
+
+
+def measure(way: str, n: int, tmp: str, notes: list[str]) -> dict:
+    before = {p.pid for p in descendants()}
+    print(f"N={n} {way} ...", file=sys.stderr, flush=True)
+    seconds = pss = None
+    try:
+        if way in ("ours", "ours-dask"):
+            seconds, pss = run_ours(n, "dask" if way == "ours-dask" else "ipyparallel")
+        elif way == "ipyparallel":
+            seconds, pss = run_ipyparallel(n)
+        elif way == "dask":
+            seconds, pss = run_dask(n, tmp)
+        else:
+            seconds, pss = run_floor(n, notes)
+    except Exception as e:  # noqa: BLE001 - record and keep going
+        notes.append(f"{way} N={n} failed: {type(e).__name__}: {str(e)[:300]}")
+        seconds = pss = None
+    finally:
+        kill_leftovers(before)
+    print(f"N={n} {way}: {seconds} s, {pss} MiB", file=sys.stderr, flush=True)
+    return {"n": n, "way": way, "seconds": seconds, "pss_mib": pss}
+
+
+def table(records: list[dict], sizes: list[int]) -> str:
+    def get(n, way, key):
+        return next((r[key] for r in records if r["n"] == n and r["way"] == way), None)
+
+    def fmt(x, digits=1):
+        return "-" if x is None else f"{x:.{digits}f}"
+
+    def ratio(a, b):
+        return fmt(a / b, 2) if a is not None and b else "-"
+
+    head = ["N"] + [f"{w} s" for w in WAYS] + [f"{w} MiB" for w in WAYS] + [
+        "time ipp/ours", "time dask/ours", "time ours/floor", "mem ipp/ours", "mem dask/ours"]
+    rows = []
+    for n in sizes:
+        s = {w: get(n, w, "seconds") for w in WAYS}
+        m = {w: get(n, w, "pss_mib") for w in WAYS}
+        rows.append([str(n)] + [fmt(s[w]) for w in WAYS] + [fmt(m[w], 0) for w in WAYS] + [
+            ratio(s["ipyparallel"], s["ours"]), ratio(s["dask"], s["ours"]),
+            ratio(s["ours"], s["floor"]), ratio(m["ipyparallel"], m["ours"]),
+            ratio(m["dask"], m["ours"])])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+
+    def line(cells):
+        return "| " + " | ".join(c.rjust(w) for c, w in zip(cells, widths)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"
+    return "\n".join([line(head), rule, *(line(r) for r in rows)])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--big", action="store_true", help="also N=64")
+    ap.add_argument("--sizes", help="comma-separated N, e.g. 8,16 (overrides --big)")
+    ap.add_argument("--ways", default=",".join(WAYS), help="comma-separated subset of "
+                    + ", ".join(WAYS))
+    ap.add_argument("--json", metavar="FILE", help="also write the records as JSON")
+    args = ap.parse_args(argv)
+    sizes = ([int(s) for s in args.sizes.split(",") if s.strip()] if args.sizes
+             else [8, 16, 32] + ([64] if args.big else []))
+    ways = [w.strip() for w in args.ways.split(",") if w.strip()]
+    unknown = set(ways) - set(WAYS)
+    if unknown:
+        ap.error(f"unknown way(s): {', '.join(sorted(unknown))}")
+
+    tmp = tempfile.mkdtemp(prefix="lounge-bench-")
+    os.environ["JUPYTER_LOUNGE_DIR"] = os.path.join(tmp, "lounge")
+    os.environ["IPYTHONDIR"] = os.path.join(tmp, "ipython")  # stock ipyparallel's profile
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    notes: list[str] = []
+    records = []
+    try:
+        for n in sizes:
+            for way in (w for w in WAYS if w in ways):
+                records.append(measure(way, n, os.path.join(tmp, "dask"), notes))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(table(records, sizes))
+    for note in notes:
+        print(f"note: {note}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

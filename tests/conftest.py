@@ -1,0 +1,77 @@
+"""Fixtures shared by every test: a private lounge dir per test, and a process-table scan
+after each test that fails it if any engine, controller or node agent of it survived."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+
+def processes_under(path: str) -> list[psutil.Process]:
+    """Live processes whose command line mentions ``path`` (agents and their forked engines
+    carry the spec path; controllers carry their profile dir or scheduler file)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(path in part for part in proc.info["cmdline"] or ()):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def lounge_dir(tmp_path, monkeypatch):
+    path = tmp_path / "lounge"
+    monkeypatch.setenv("JUPYTER_LOUNGE_DIR", str(path))
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    yield path
+    deadline = time.monotonic() + 3
+    left = processes_under(str(path))
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = processes_under(str(path))
+    for proc in left:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    if left:
+        desc = [f"{p.pid} {' '.join(p.info['cmdline'] or [])[:120]}" for p in left]
+        pytest.fail(f"processes of this test survived it: {desc}")
+
+
+@pytest.fixture
+def pids_of():
+    """Engine pids of a cluster, read from its agents' reports."""
+    from jupyter_lounge import state
+
+    def engine_pids(cluster) -> list[int]:
+        pids = []
+        for agent in cluster.agents:
+            report = state.read_json(agent["files"]["report.json"]) or {}
+            pids += [e["pid"] for e in report.get("engines", {}).values()
+                     if e.get("state") == "running"]
+        return pids
+
+    return engine_pids
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")

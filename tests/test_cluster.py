@@ -1,0 +1,227 @@
+"""The contract suite: real controllers, real node agents, real forked engines, for both
+engine kinds on the local backend (later backends join the ``backend`` parameter)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from jupyter_lounge import Lounge, current, state
+from jupyter_lounge.errors import LoungeError, LoungeTimeout
+
+from .conftest import processes_under, wait_until
+
+KINDS = ["ipyparallel", "dask"]
+
+
+def run_everywhere(cluster, fn):
+    """fn() on every engine, through the stock client."""
+    if cluster.kind.name == "ipyparallel":
+        return cluster.client[:].apply_sync(fn)
+    return list(cluster.client.run(fn).values())
+
+
+def modules_seen():
+    import sys
+
+    return sorted(m for m in ("numpy", "json", "tensorflow") if m in sys.modules)
+
+
+@pytest.fixture(params=KINDS)
+def kind(request):
+    return request.param
+
+
+def test_start_map_scale_stop(kind, lounge_dir):
+    cluster = Lounge(3, engines=kind, nodes=2, preload="numpy", wait=True, progress=False)
+    cluster.start_sync()
+    try:
+        assert current() is cluster
+        # preload visible before any task imported it: the first thing the engines run
+        assert run_everywhere(cluster, modules_seen) == [["json", "numpy"]] * 3
+        nodes = cluster.backend.node_names(2)
+        assert sorted(n for n, _ in cluster.registered()) == [nodes[0], nodes[0], nodes[1]]
+
+        df = cluster.map(lambda x: x * x, range(10), progress=False)
+        assert list(df["item"]) == list(range(10))
+        assert list(df["result"]) == [x * x for x in range(10)]
+        assert df["error"].isna().all()
+        assert set(df["engine"]) <= {0, 1, 2} and df["seconds"].ge(0).all()
+        assert set(df["host"]) == {os.uname().nodename}
+
+        cluster.scale_sync(5)
+        cluster.scale_sync(5)  # twice is harmless
+        cluster.wait_for_engines_sync(5, timeout=60)
+        ranks = sorted(r for _, r in cluster.registered())
+        assert ranks == [0, 1, 2, 3, 4]
+        assert sum(len(a["ranks"]) for a in cluster.agents) == 5
+
+        cluster.scale_sync(2)
+        wait_until(lambda: len(cluster.registered()) == 2, 30, "scale down to 2 engines")
+        assert state.load_state(cluster.name)["n"] == 2
+    finally:
+        cluster.stop_sync()
+    assert state.load_state(cluster.name) is None
+    assert processes_under(str(lounge_dir)) == []
+
+
+def test_sweep_items_are_keyword_arguments(kind):
+    cluster = Lounge(2, engines=kind, wait=True, progress=False).start_sync()
+    try:
+        def train(lr, layers):
+            if layers == 0:
+                raise ValueError("no layers")
+            return {"score": lr * layers}
+
+        grid = [{"lr": lr, "layers": n} for lr in (0.1, 0.2) for n in (0, 3)]
+        df = cluster.map(train, grid, progress=False)
+        assert list(df.columns[:2]) == ["lr", "layers"]
+        assert df.loc[df.layers == 0, "error"].str.startswith("ValueError: no layers").all()
+        ok = df[df.layers == 3]
+        assert ok["error"].isna().all()
+        assert list(ok["score"]) == pytest.approx([0.3, 0.6])
+    finally:
+        cluster.stop_sync()
+
+
+def test_engine_killed_mid_map_loses_nothing(kind, pids_of):
+    cluster = Lounge(3, engines=kind, wait=True, progress=False).start_sync()
+    try:
+        victim = pids_of(cluster)[0]
+
+        def kill_soon():
+            time.sleep(1.0)
+            os.kill(victim, signal.SIGKILL)
+
+        threading.Thread(target=kill_soon).start()
+
+        def slow(x):
+            import time
+
+            time.sleep(0.5)
+            return x + 100
+
+        df = cluster.map(slow, range(12), progress=False, timeout=120)
+        assert df["error"].isna().all(), df["error"].tolist()
+        assert list(df["result"]) == [x + 100 for x in range(12)]
+        assert victim not in pids_of(cluster)
+        wait_until(lambda: len(pids_of(cluster)) == 3, 10, "the killed engine's replacement")
+        cluster.wait_for_engines_sync(3, timeout=60)
+        report = state.read_json(cluster.agents[0]["files"]["report.json"])
+        assert sum(e["restarts"] for e in report["engines"].values()) == 1
+    finally:
+        cluster.stop_sync()
+
+
+def test_agent_killed_takes_its_engines_and_is_reported(kind, pids_of):
+    cluster = Lounge(4, engines=kind, nodes=2, wait=True, progress=False).start_sync()
+    try:
+        agent = cluster.agents[0]
+        engines = [p for p in pids_of(cluster)
+                   if p in {e["pid"] for e in state.read_json(
+                       agent["files"]["report.json"])["engines"].values()}]
+        assert len(engines) == 2
+        os.kill(agent["pid"], signal.SIGKILL)
+
+        def gone():
+            return not any(os.path.exists(f"/proc/{p}") and
+                           open(f"/proc/{p}/stat").read().split(")")[1].split()[0] != "Z"
+                           for p in engines)
+
+        wait_until(gone, 10, "the dead agent's engines to exit")
+        rows = {r["node"]: r for r in cluster.nodes_status()}
+        assert rows[agent["node"]]["status"] == "lost"
+        assert rows[cluster.agents[1]["node"]]["status"] == "running"
+        wait_until(lambda: len(cluster.registered()) == 2, 30, "the controller to drop them")
+        assert "lost" in cluster.describe()
+    finally:
+        cluster.stop_sync()
+
+
+def test_attach_from_another_process(kind, lounge_dir):
+    cluster = Lounge(2, engines=kind, name="shared", wait=True, progress=False).start_sync()
+    try:
+        code = (
+            "from jupyter_lounge import Lounge\n"
+            "c = Lounge.attach('shared')\n"
+            "df = c.map(lambda x: x + 1, [1, 2, 3], progress=False)\n"
+            "print(list(df.result), len(c.registered()))\n"
+            "c.scale_sync(3)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, env=os.environ)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "[2, 3, 4] 2"
+        cluster.wait_for_engines_sync(3, timeout=60)  # the other process scaled it
+    finally:
+        cluster.stop_sync()
+
+
+def test_preload_failure_is_one_clear_error_and_cleans_up(kind, lounge_dir):
+    cluster = Lounge(2, engines=kind, preload="json,no_such_module_xyz", progress=False)
+    with pytest.raises(LoungeError) as info:
+        cluster.start_sync()
+    message = str(info.value)
+    assert "no_such_module_xyz" in message and "node" in message
+    assert "ModuleNotFoundError" in message
+    assert state.load_state(cluster.name) is None
+    assert processes_under(str(lounge_dir)) == []
+
+
+def test_timeout_names_what_it_waited_for(lounge_dir):
+    cluster = Lounge(2, preload="tensorflow", timeout=0.5, progress=False)
+    with pytest.raises(LoungeTimeout) as info:
+        cluster.start_sync()
+    message = str(info.value)
+    assert "Timed out after 0.5 s waiting for" in message and cluster.name in message
+    assert "--timeout" in message
+    assert processes_under(str(lounge_dir)) == []
+    assert state.list_states() == []
+
+
+def test_duplicate_name_and_unknown_names():
+    cluster = Lounge(1, name="dup", progress=False).start_sync()
+    try:
+        with pytest.raises(LoungeError, match="A cluster named 'dup' is already running"):
+            Lounge(1, name="dup", progress=False).start_sync()
+        assert len(cluster.registered()) == 1  # the running one was left alone
+        with pytest.raises(LoungeError, match="No cluster named 'nope'"):
+            Lounge.attach("nope")
+    finally:
+        cluster.stop_sync()
+    from jupyter_lounge.manager import ClusterManager
+
+    with pytest.raises(LoungeError, match="No cluster named 'dup' to stop"):
+        ClusterManager().stop("dup")
+
+
+def test_tensorflow_preloaded_runs_an_op_in_every_engine(kind):
+    cluster = Lounge(3, engines=kind, preload="tensorflow", wait=True, progress=False,
+                     timeout=180).start_sync()
+    try:
+        assert all("tensorflow" in m for m in run_everywhere(cluster, modules_seen))
+
+        def tf_op():
+            import os
+
+            import tensorflow as tf
+
+            return float(tf.reduce_sum(tf.ones((8, 8)))), os.environ["LOUNGE_RANK"]
+
+        out = run_everywhere(cluster, tf_op)
+        assert sorted(out) == [(64.0, "0"), (64.0, "1"), (64.0, "2")]
+
+        def draw():
+            import numpy as np
+
+            return float(np.random.random())
+
+        assert len(set(run_everywhere(cluster, draw))) == 3  # reseeded after the fork
+    finally:
+        cluster.stop_sync()

@@ -1,0 +1,88 @@
+"""Pure logic: GPU pinning, the parser's one-sentence errors, state files."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from jupyter_lounge import commands, state
+from jupyter_lounge.errors import LoungeError
+from jupyter_lounge.node import gpu_for
+
+
+def test_gpu_round_robin():
+    gpus = ["0", "1"]
+    assert [gpu_for(i, gpus, 2) for i in range(6)] == ["0", "1", "0", "1", "", ""]
+    assert [gpu_for(i, gpus, 0) for i in range(3)] == ["0", "1", "0"]  # 0: no cap
+    assert gpu_for(0, [], 1) is None
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("", "Say what to do"),
+        ("launch 3", "Unknown command 'launch'"),
+        ("start", "Say how many engines"),
+        ("start 0", "The number of engines must be a whole number above 0, not 0"),
+        ("start -3", "above 0"),
+        ("start x", "The number of engines must be a whole number above 0, not 'x'"),
+        ("start 3 --frobnicate", "Unknown option --frobnicate"),
+        ("start 3 --timeout 0", "--timeout must be above 0 seconds"),
+        ("start 3 --nodes none", "--nodes must be a whole number above 0"),
+        ("scale zero", "The number of engines must be a whole number"),
+    ],
+)
+def test_bad_input_is_one_sentence(line, expected):
+    with pytest.raises(LoungeError) as info:
+        commands.parse(line.split())
+    message = str(info.value)
+    assert expected in message
+    assert "\n" not in message and "Traceback" not in message
+
+
+def test_start_options_reach_the_cluster():
+    args = commands.parse("start 4 --engines dask --nodes 2 --preload numpy,scipy --wait".split())
+    opts = commands.start_options(args)
+    assert args.n == 4
+    assert opts["engines"] == "dask" and opts["nodes"] == 2 and opts["wait"] is True
+    assert opts["preload"] == "numpy,scipy"
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({"engines": "spark"}, "Unknown engine kind 'spark'"),
+    ({"backend": "kubernetes"}, "Unknown backend 'kubernetes'"),
+    ({"name": "bad name!"}, "Cluster name 'bad name!' is not valid"),
+])
+def test_cluster_rejects_bad_arguments(kwargs, expected):
+    from jupyter_lounge import Lounge
+
+    with pytest.raises(LoungeError, match=expected):
+        Lounge(2, **kwargs)
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.5, "3", True])
+def test_cluster_rejects_bad_counts(n):
+    from jupyter_lounge import Lounge
+
+    with pytest.raises(LoungeError, match="whole number above 0"):
+        Lounge(n)
+
+
+def test_state_files_are_private_and_atomic(lounge_dir):
+    state.save_state("alpha", {"name": "alpha", "x": 1})
+    path = state.state_path("alpha")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(state.cluster_dir("alpha")).st_mode) == 0o700
+    assert [d["name"] for d in state.list_states()] == ["alpha"]
+    state.save_state("alpha", {"name": "alpha", "x": 2})
+    assert state.load_state("alpha")["x"] == 2
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    state.remove_state("alpha")
+    assert state.load_state("alpha") is None and state.list_states() == []
+
+
+def test_table_formatting():
+    text = commands.format_table([{"a": 1, "b": None}, {"a": "long", "b": "x"}], ["a", "b"])
+    assert text.splitlines() == ["a     b", "1", "long  x"]
