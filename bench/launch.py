@@ -16,8 +16,9 @@ The ways:
   descendants of the agent pids (the agent itself is not counted).
 * ours-dask: the same with ``engines="dask"``; the op runs through ``client.run``.
 * ipyparallel: stock ``ipyparallel.Cluster(n=N)``; the engines import TensorFlow when the
-  op is applied. Counted: our descendants whose command line holds ``ipyparallel.engine``
-  (so not the controller).
+  op is applied. Counted: our descendants whose command line holds ``ipyparallel.engine``:
+  the engines and the nanny process stock ipyparallel starts beside each (not the
+  controller); a note says how much of it is in the nannies.
 * dask: stock ``LocalCluster(processes=True, threads_per_worker=1, memory_limit=0)``.
   Counted: the worker processes (pids reported by the workers). The nannies live inside
   this process under LocalCluster, so there is no nanny process to count.
@@ -102,9 +103,10 @@ def descendants(pid: int | None = None) -> list[psutil.Process]:
 
 
 # -- the ways: each returns (seconds, pss_mib) and leaves nothing running ----------------------
-def run_ours(n: int, engines: str) -> tuple[float, float]:
+def run_ours(n: int, way: str, notes: list[str]) -> tuple[float, float]:
     from jupyter_lounge import Lounge
 
+    engines = "dask" if way == "ours-dask" else "ipyparallel"
     t0 = time.perf_counter()
     c = Lounge(n, engines=engines, preload=["tensorflow"], progress=False, wait=True,
                timeout=600)
@@ -115,12 +117,15 @@ def run_ours(n: int, engines: str) -> tuple[float, float]:
         else:
             check_results(c.client[:].apply_async(tf_op).get(timeout=TIMEOUT), n)
         seconds = time.perf_counter() - t0
-        return seconds, pss_mib(p for a in c.agents for p in descendants(a["pid"]))
+        pss = pss_mib(p for a in c.agents for p in descendants(a["pid"]))
+        notes.append(f"{way} N={n}: the node agent (not counted) has "
+                     f"{pss_mib(a['pid'] for a in c.agents):.0f} MiB PSS besides")
+        return seconds, pss
     finally:
         c.stop_sync()
 
 
-def run_ipyparallel(n: int) -> tuple[float, float]:
+def run_ipyparallel(n: int, notes: list[str]) -> tuple[float, float]:
     import ipyparallel as ipp
 
     t0 = time.perf_counter()
@@ -130,11 +135,12 @@ def run_ipyparallel(n: int) -> tuple[float, float]:
         rc = cluster.start_and_connect_sync()  # waits for n engines, up to engine_timeout
         check_results(rc[:].apply_async(tf_op).get(timeout=TIMEOUT), n)
         seconds = time.perf_counter() - t0
-        engines = [p for p in descendants() if "ipyparallel.engine" in " ".join(p.cmdline())]
-        if len(engines) != n:
-            print(f"  note: found {len(engines)} ipyparallel engine processes, not {n}",
-                  file=sys.stderr)
-        return seconds, pss_mib(engines)
+        procs = [p for p in descendants() if "ipyparallel.engine" in " ".join(p.cmdline())]
+        nannies = [p for p in procs if "ipyparallel.engine.nanny" in " ".join(p.cmdline())]
+        notes.append(f"ipyparallel N={n}: {len(procs) - len(nannies)} engines and "
+                     f"{len(nannies)} engine nannies counted, {pss_mib(nannies):.0f} MiB "
+                     "of it in the nannies")
+        return seconds, pss_mib(procs)
     finally:
         if rc is not None:
             rc.close()
@@ -210,13 +216,15 @@ def run_floor(n: int, notes: list[str]) -> tuple[float, float]:
             raise RuntimeError(f"floor children did not all run the op: {first!r}")
         pause = time.perf_counter()
         pss = pss_mib(first["pids"])
+        parent = pss_mib([proc.pid])
         pause = time.perf_counter() - pause
         proc.stdin.write("go\n")
         proc.stdin.flush()
         inside = json.loads(with_timeout(proc.stdout.readline))["seconds"]
         outside = time.perf_counter() - t0 - pause
         notes.append(f"floor N={n}: {inside:.2f} s inside the subprocess (reported), "
-                     f"{outside:.2f} s from Popen incl. interpreter start")
+                     f"{outside:.2f} s from Popen incl. interpreter start; its parent "
+                     f"(not counted) has {parent:.0f} MiB PSS besides")
         return inside, pss
     finally:
         proc.kill()
@@ -225,9 +233,15 @@ def run_floor(n: int, notes: list[str]) -> tuple[float, float]:
 
 # -- running and reporting -----------------------------------------------------------------------
 def kill_leftovers(before: set[int]) -> None:
-    """Wait a little for processes started by a way to go, then kill what is left."""
-    procs = [p for p in descendants() if p.pid not in before]
-    procs = [p for p in procs if not _is_resource_tracker(p)]
+    """Wait a little for processes started by a way to go, then kill what is left (but not
+    multiprocessing's resource tracker, which lives as long as this process)."""
+    procs = []
+    for p in descendants():
+        try:
+            if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline()):
+                procs.append(p)
+        except psutil.NoSuchProcess:
+            pass
     _, alive = psutil.wait_procs(procs, timeout=10)
     for p in alive:
         try:
@@ -239,22 +253,15 @@ def kill_leftovers(before: set[int]) -> None:
         psutil.wait_procs(alive, timeout=5)
 
 
-def _is_resource_tracker(p: psutil.Process) -> bool:
-    try:
-        return "resource_tracker" in " ".join(p.cmdline())
-    except psutil.NoSuchProcess:
-        return False
-
-
 def measure(way: str, n: int, tmp: str, notes: list[str]) -> dict:
     before = {p.pid for p in descendants()}
     print(f"N={n} {way} ...", file=sys.stderr, flush=True)
     seconds = pss = None
     try:
         if way in ("ours", "ours-dask"):
-            seconds, pss = run_ours(n, "dask" if way == "ours-dask" else "ipyparallel")
+            seconds, pss = run_ours(n, way, notes)
         elif way == "ipyparallel":
-            seconds, pss = run_ipyparallel(n)
+            seconds, pss = run_ipyparallel(n, notes)
         elif way == "dask":
             seconds, pss = run_dask(n, tmp)
         else:
@@ -268,33 +275,35 @@ def measure(way: str, n: int, tmp: str, notes: list[str]) -> dict:
     return {"n": n, "way": way, "seconds": seconds, "pss_mib": pss}
 
 
-def table(records: list[dict], sizes: list[int]) -> str:
-    def get(n, way, key):
-        return next((r[key] for r in records if r["n"] == n and r["way"] == way), None)
+RATIOS = [("time ipp/ours", "seconds", "ipyparallel", "ours"),
+          ("time dask/ours", "seconds", "dask", "ours"),
+          ("time ours/floor", "seconds", "ours", "floor"),
+          ("mem ipp/ours", "pss_mib", "ipyparallel", "ours"),
+          ("mem dask/ours", "pss_mib", "dask", "ours")]
 
-    def fmt(x, digits=1):
+
+def table(records: list[dict], sizes: list[int], ways: list[str]) -> str:
+    """Aligned plain text that is also a markdown table: one row per N."""
+    got = {(r["n"], r["way"], k): r[k] for r in records for k in ("seconds", "pss_mib")}
+
+    def fmt(x, digits):
         return "-" if x is None else f"{x:.{digits}f}"
 
-    def ratio(a, b):
-        return fmt(a / b, 2) if a is not None and b else "-"
-
-    head = ["N"] + [f"{w} s" for w in WAYS] + [f"{w} MiB" for w in WAYS] + [
-        "time ipp/ours", "time dask/ours", "time ours/floor", "mem ipp/ours", "mem dask/ours"]
+    ratios = [r for r in RATIOS if r[2] in ways and r[3] in ways]
+    head = ["N"] + [f"{w} s" for w in ways] + [f"{w} MiB" for w in ways] + [r[0] for r in ratios]
     rows = []
     for n in sizes:
-        s = {w: get(n, w, "seconds") for w in WAYS}
-        m = {w: get(n, w, "pss_mib") for w in WAYS}
-        rows.append([str(n)] + [fmt(s[w]) for w in WAYS] + [fmt(m[w], 0) for w in WAYS] + [
-            ratio(s["ipyparallel"], s["ours"]), ratio(s["dask"], s["ours"]),
-            ratio(s["ours"], s["floor"]), ratio(m["ipyparallel"], m["ours"]),
-            ratio(m["dask"], m["ours"])])
+        row = [str(n)] + [fmt(got.get((n, w, "seconds")), 1) for w in ways]
+        row += [fmt(got.get((n, w, "pss_mib")), 0) for w in ways]
+        for _, key, a, b in ratios:
+            x, y = got.get((n, a, key)), got.get((n, b, key))
+            row.append(fmt(x / y if x is not None and y else None, 2))
+        rows.append(row)
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-
-    def line(cells):
-        return "| " + " | ".join(c.rjust(w) for c, w in zip(cells, widths)) + " |"
-
-    rule = "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"
-    return "\n".join([line(head), rule, *(line(r) for r in rows)])
+    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |"
+             for r in [head, *rows]]
+    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -307,8 +316,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     sizes = ([int(s) for s in args.sizes.split(",") if s.strip()] if args.sizes
              else [8, 16, 32] + ([64] if args.big else []))
-    ways = [w.strip() for w in args.ways.split(",") if w.strip()]
-    unknown = set(ways) - set(WAYS)
+    asked = {w.strip() for w in args.ways.split(",") if w.strip()}
+    ways = [w for w in WAYS if w in asked]
+    unknown = asked - set(WAYS)
     if unknown:
         ap.error(f"unknown way(s): {', '.join(sorted(unknown))}")
 
@@ -320,11 +330,11 @@ def main(argv: list[str] | None = None) -> None:
     records = []
     try:
         for n in sizes:
-            for way in (w for w in WAYS if w in ways):
+            for way in ways:
                 records.append(measure(way, n, os.path.join(tmp, "dask"), notes))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(table(records, sizes))
+    print(table(records, sizes, ways))
     for note in notes:
         print(f"note: {note}")
     if args.json:

@@ -77,22 +77,25 @@ class DaskEngines(EngineKind):
         return [client.submit(fn, p, pure=False, retries=retries) for p in payloads]
 
     def execute(self, client, code, timeout):
-        from distributed import as_completed
-
         from ..tasks import exec_cell
 
         workers = client.scheduler_info(n_workers=-1)["workers"]
         if not workers:
             raise LoungeError("No engine is registered yet; wait with `%lounge status` and retry.")
-        futures = {}
-        for addr, info in workers.items():
-            fut = client.submit(exec_cell, code, workers=[addr], allow_other_workers=False,
-                                pure=False)
-            futures[fut] = info.get("name", addr)
+        pending = {
+            client.submit(exec_cell, code, workers=[addr], allow_other_workers=False,
+                          pure=False): info.get("name", addr)
+            for addr, info in workers.items()
+        }
         deadline = None if timeout is None else time.monotonic() + timeout
-        for fut in as_completed(list(futures), timeout=timeout):
-            text = fut.result()
-            if text:
-                print(f"[stdout:{futures[fut]}] " + text, end="" if text.endswith("\n") else "\n")
+        while pending:  # print each engine's output as soon as it is done
+            for fut in [f for f in pending if f.done()]:
+                name = pending.pop(fut)
+                text = fut.result()
+                if text:
+                    end = "" if text.endswith("\n") else "\n"
+                    print(f"[stdout:{name}] " + text, end=end, flush=True)
             if deadline is not None and time.monotonic() > deadline:
-                raise LoungeTimeout(f"the cell did not finish on every engine within {timeout:g} s.")
+                raise LoungeTimeout(f"The cell did not finish on every engine within "
+                                    f"{timeout:g} s.")
+            time.sleep(0.02)

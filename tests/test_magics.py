@@ -1,0 +1,84 @@
+"""The magics in a real IPython shell, and the quickstart notebook in a real kernel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from jupyter_lounge import state
+
+from .conftest import processes_under
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def ip():
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "jupyter_lounge")
+    yield shell
+    for data in state.list_states():  # a failing test must not leak its cluster
+        from jupyter_lounge.manager import ClusterManager
+
+        ClusterManager().stop(data["name"])
+
+
+@pytest.mark.parametrize("kind", ["ipyparallel", "dask"])
+def test_magics_start_cell_scale_status_stop(ip, capsys, kind):
+    lounge = ip.run_line_magic("lounge", f"start 2 --engines {kind} --name mag --wait")
+    assert lounge.name == "mag" and len(lounge.registered()) == 2
+    import jupyter_lounge
+
+    assert jupyter_lounge.current() is lounge
+
+    capsys.readouterr()
+    ip.run_cell_magic("lounge", "", "import os\nprint('rank', os.environ['LOUNGE_RANK'])")
+    out = capsys.readouterr().out
+    assert "rank 0" in out and "rank 1" in out
+
+    ip.run_line_magic("lounge", "scale 3")
+    lounge.wait_for_engines_sync(3, timeout=60)
+    ip.run_line_magic("lounge", "status")
+    out = capsys.readouterr().out
+    assert "mag:" in out and "3/3 engines ready" in out
+
+    ip.run_line_magic("lounge", "list")
+    assert "mag" in capsys.readouterr().out
+    ip.run_line_magic("lounge", "stop")
+    assert state.list_states() == []
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("start 0", "whole number above 0"),
+    ("start two", "whole number above 0, not 'two'"),
+    ("start 2 --engines spark", "Unknown engine kind 'spark'"),
+    ("start 2 --backend cloud", "Unknown backend 'cloud'"),
+    ("start 2 --turbo", "Unknown option --turbo"),
+    ("stop ghost", "No cluster named 'ghost' to stop"),
+    ("attach ghost", "No cluster named 'ghost'"),
+    ("dance", "Unknown command 'dance'"),
+])
+def test_bad_input_in_the_shell_is_one_line(ip, line, expected):
+    with pytest.raises(UsageError, match=expected):
+        ip.run_line_magic("lounge", line)
+    result = ip.run_cell(f"%lounge {line}")
+    assert isinstance(result.error_in_exec, UsageError)
+
+
+def test_quickstart_notebook_runs_in_a_real_kernel(lounge_dir):
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(ROOT / "examples" / "quickstart.ipynb", as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "examples")}}).execute()
+    outputs = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+                      for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "0 True" in outputs and "3 True" in outputs  # %%lounge on every engine
+    assert "accuracy" in outputs and "140" in outputs  # the sweep table, the Dask sum
+    assert "6/6 engines ready" in outputs
+    assert state.list_states() == []
+    assert processes_under(str(lounge_dir)) == []
