@@ -85,11 +85,12 @@ def check_results(values, n: int) -> None:
 
 
 def pss_mib(procs) -> float:
+    """Summed PSS, in MiB, of processes (psutil.Process or pid); gone ones count 0."""
     total = 0
     for p in procs:
         try:
-            total += (p if isinstance(p, psutil.Process) else psutil.Process(p)) \
-                .memory_full_info().pss
+            proc = p if isinstance(p, psutil.Process) else psutil.Process(p)
+            total += proc.memory_full_info().pss
         except psutil.NoSuchProcess:  # includes zombies
             pass
     return total / MIB

@@ -56,3 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
