@@ -41,7 +41,7 @@ class Cluster:
                  backend: str = "local", preload: list[str] | str = (), nodes: int = 1,
                  wait: bool = False, timeout: float = 120.0, restart: bool = True,
                  gpus: list[str] | None = None, engines_per_gpu: int = 1,
-                 heartbeat_ms: int = 500, progress: bool | None = None,
+                 heartbeat_ms: int = 500, tls: bool = False, progress: bool | None = None,
                  stop_at_exit: bool = True):
         self.n = _positive_int(n, "The number of engines")
         self.nodes = _positive_int(nodes, "The number of nodes")
@@ -55,6 +55,7 @@ class Cluster:
         self.gpus = [str(g) for g in gpus] if gpus is not None else _detect_gpus()
         self.engines_per_gpu = engines_per_gpu
         self.heartbeat_ms = heartbeat_ms
+        self.tls = bool(tls)
         self.progress = progress
         self.stop_at_exit = stop_at_exit
         self.agents: list[dict] = []
@@ -77,7 +78,7 @@ class Cluster:
             "agents": self.agents, "controller_pid": self.controller_pid,
             "next_rank": self.next_rank, "created": self.created, "gpus": self.gpus,
             "engines_per_gpu": self.engines_per_gpu, "restart": self.restart,
-            "heartbeat_ms": self.heartbeat_ms, "timeout": self.timeout,
+            "heartbeat_ms": self.heartbeat_ms, "timeout": self.timeout, "tls": self.tls,
         }
 
     def save(self) -> None:
@@ -95,7 +96,7 @@ class Cluster:
                    backend=data["backend"], preload=data["preload"], nodes=data["nodes"],
                    gpus=data["gpus"], engines_per_gpu=data["engines_per_gpu"],
                    restart=data["restart"], heartbeat_ms=data["heartbeat_ms"],
-                   timeout=data["timeout"], stop_at_exit=False)
+                   timeout=data["timeout"], tls=data.get("tls", False), stop_at_exit=False)
         self.agents, self.controller_pid = data["agents"], data["controller_pid"]
         self.next_rank, self.created, self.status = data["next_rank"], data["created"], data["status"]
         global _current
@@ -135,7 +136,7 @@ class Cluster:
         cdir = self.dir
         log = cdir / "controller.log"
         cmd = self.kind.controller_command(cdir, self.backend.listen_ip(),
-                                           {"heartbeat_ms": self.heartbeat_ms})
+                                           {"heartbeat_ms": self.heartbeat_ms, "tls": self.tls})
         self.controller_pid = spawn(cmd, log).pid
         self.save()
         ranks = self._split(range(self.n), self.nodes)
@@ -168,7 +169,8 @@ class Cluster:
             "gpus": self.gpus, "engines_per_gpu": self.engines_per_gpu,
             "restart": self.restart, "connect_timeout": 60,
             "engine_options": {"profile_dir": str(cdir / "profile"),
-                               "local_directory": str(cdir / "dask-worker-space")},
+                               "local_directory": str(cdir / "dask-worker-space"),
+                               "tls_dir": str(cdir) if self.tls else None},
         })
         handle = await self.backend.start_agent(node, Path(files["spec.json"]),
                                                 Path(files["log"]))
@@ -245,6 +247,21 @@ class Cluster:
             rows.append({"node": a["node"], "status": status, "ready": counts.get(a["node"], 0),
                          "target": len(a["ranks"]), "pid": a["pid"],
                          "error": report.get("error")})
+        return rows
+
+    def engines(self) -> list[dict]:
+        """Per engine, as its node agent reports it: rank, node, pid, state, restarts, and
+        whether the controller has it registered now."""
+        registered = set(self.registered()) if alive(self.controller_pid) else set()
+        rows = []
+        for a in self.agents:
+            report = state.read_json(a["files"]["report.json"]) or {}
+            lost = not self.backend.agent_alive(a)
+            for rank, e in sorted(report.get("engines", {}).items(), key=lambda kv: int(kv[0])):
+                rows.append({"rank": int(rank), "node": a["node"], "pid": e.get("pid"),
+                             "state": "lost" if lost and e.get("state") == "running"
+                             else e.get("state"), "restarts": e.get("restarts", 0),
+                             "registered": (a["node"], int(rank)) in registered})
         return rows
 
     def describe(self) -> str:

@@ -10,7 +10,7 @@ from .errors import LoungeError
 
 USAGE = """\
 %lounge start N [--engines ipyparallel|dask] [--backend local] [--nodes M] [--name NAME]
-               [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart]
+               [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart] [--tls]
 %lounge scale N [--name NAME]     %lounge status [NAME]     %lounge list
 %lounge stop [NAME]               %lounge attach NAME       %%lounge [NAME]  (cell on every engine)"""
 
@@ -69,6 +69,7 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     start.add_argument("--wait", action="store_true")
     start.add_argument("--timeout", type=positive_float, default=120.0)
     start.add_argument("--no-restart", dest="restart", action="store_false")
+    start.add_argument("--tls", action="store_true")
     scale = sub.add_parser("scale", add_help=False)
     scale.add_argument("n", type=positive_int)
     scale.add_argument("--name")
@@ -98,7 +99,7 @@ def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
 def start_options(args: argparse.Namespace) -> dict:
     return {"name": args.name, "engines": args.engines, "backend": args.backend,
             "nodes": args.nodes, "preload": args.preload, "wait": args.wait,
-            "timeout": args.timeout, "restart": args.restart}
+            "timeout": args.timeout, "restart": args.restart, "tls": args.tls}
 
 
 def format_table(rows: list[dict], columns: list[str]) -> str:

@@ -225,3 +225,51 @@ def test_tensorflow_preloaded_runs_an_op_in_every_engine(kind):
         assert len(set(run_everywhere(cluster, draw))) == 3  # reseeded after the fork
     finally:
         cluster.stop_sync()
+
+
+def test_controller_lost_takes_engines_down(kind, pids_of):
+    from jupyter_lounge.procs import alive
+
+    cluster = Lounge(2, engines=kind, wait=True, progress=False).start_sync()
+    try:
+        engines = pids_of(cluster)
+        assert len(engines) == 2 and all(e["registered"] for e in cluster.engines())
+        os.killpg(cluster.controller_pid, signal.SIGKILL)
+        agent = cluster.agents[0]
+        wait_until(lambda: not alive(agent["pid"]), 20, "the agent to notice its controller left")
+        report = state.read_json(agent["files"]["report.json"])
+        assert report["status"] == "controller-lost"
+        assert not any(alive(p) for p in engines)
+    finally:
+        cluster.stop_sync()
+
+
+def test_encrypted_transport(kind):
+    cluster = Lounge(2, engines=kind, tls=True, wait=True, progress=False).start_sync()
+    try:
+        assert list(cluster.map(lambda x: -x, [1, 2], progress=False).result) == [-1, -2]
+        engine_file = cluster.kind.connection_files(cluster.dir)[0]
+        assert oct(engine_file.stat().st_mode & 0o777) == "0o600"
+        if kind == "dask":
+            assert cluster.client.scheduler.address.startswith("tls://")
+            from distributed import Client
+
+            with pytest.raises(Exception):  # no certificate: refused
+                Client(cluster.client.scheduler.address.replace("tls://", "tcp://"),
+                       timeout=3, set_as_default=False)
+        else:
+            assert state.read_json(engine_file).get("curve_serverkey")
+    finally:
+        cluster.stop_sync()
+
+
+def test_engines_report_per_engine_state(pids_of):
+    cluster = Lounge(3, nodes=2, wait=True, progress=False).start_sync()
+    try:
+        rows = cluster.engines()
+        assert [r["rank"] for r in sorted(rows, key=lambda r: r["rank"])] == [0, 1, 2]
+        assert all(r["state"] == "running" and r["registered"] and r["restarts"] == 0
+                   for r in rows)
+        assert sorted(r["pid"] for r in rows) == sorted(pids_of(cluster))
+    finally:
+        cluster.stop_sync()

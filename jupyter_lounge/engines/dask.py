@@ -11,6 +11,38 @@ from ..errors import LoungeError, LoungeTimeout
 from .base import EngineKind
 
 
+def _security(tls_dir: Path | str | None):
+    """Dask's Security for the cluster's own certificate, or None when TLS is off."""
+    if not tls_dir or not (Path(tls_dir) / "tls-cert.pem").exists():
+        return None
+    from distributed.security import Security
+
+    cert, key = str(Path(tls_dir) / "tls-cert.pem"), str(Path(tls_dir) / "tls-key.pem")
+    return Security(tls_ca_file=cert, tls_client_cert=cert, tls_client_key=key,
+                    tls_worker_cert=cert, tls_worker_key=key, tls_scheduler_cert=cert,
+                    tls_scheduler_key=key, require_encryption=True)
+
+
+def make_certificate(cdir: Path) -> None:
+    """A self-signed certificate and key (0600) that scheduler, workers and client share."""
+    import subprocess
+
+    key, cert = cdir / "tls-key.pem", cdir / "tls-cert.pem"
+    cmd = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
+           "-subj", "/CN=jupyter-lounge", "-keyout", str(key), "-out", str(cert),
+           "-addext", "basicConstraints=critical,CA:TRUE"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise LoungeError(f"Could not make a TLS certificate with `openssl` ({e}); install "
+                          "openssl or start without --tls.") from None
+    if out.returncode != 0:
+        raise LoungeError(f"`openssl req` failed with exit code {out.returncode}: "
+                          f"{out.stderr.strip()}")
+    key.chmod(0o600)
+    cert.chmod(0o600)
+
+
 class DaskEngines(EngineKind):
     name = "dask"
 
@@ -34,6 +66,7 @@ class DaskEngines(EngineKind):
         async def serve() -> None:
             async with Worker(
                 address, name=name, nthreads=1, memory_limit=0, nanny=None,
+                security=_security(options.get("tls_dir")),
                 local_directory=options.get("local_directory"), validate=False,
             ) as worker:
                 await worker.finished()
@@ -41,11 +74,17 @@ class DaskEngines(EngineKind):
         asyncio.run(serve())
 
     def controller_command(self, cdir: Path, listen_ip: str, options: dict) -> list[str]:
-        return [
+        cmd = [
             sys.executable, "-m", "distributed.cli.dask_scheduler",
             f"--host={listen_ip}", "--port=0", "--no-dashboard",
             f"--scheduler-file={cdir / 'scheduler.json'}",
         ]
+        if options.get("tls"):
+            make_certificate(cdir)
+            cert, key = cdir / "tls-cert.pem", cdir / "tls-key.pem"
+            cmd += ["--protocol=tls", f"--tls-ca-file={cert}", f"--tls-cert={cert}",
+                    f"--tls-key={key}"]
+        return cmd
 
     def connection_files(self, cdir: Path) -> tuple[Path, Path]:
         return cdir / "scheduler.json", cdir / "scheduler.json"
@@ -55,7 +94,7 @@ class DaskEngines(EngineKind):
 
         try:
             return Client(scheduler_file=str(cdir / "scheduler.json"), timeout=timeout,
-                          set_as_default=False)
+                          set_as_default=False, security=_security(cdir))
         except (TimeoutError, OSError) as e:
             raise LoungeTimeout(
                 f"could not connect to the Dask scheduler within {timeout:g} s "

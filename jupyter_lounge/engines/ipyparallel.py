@@ -52,7 +52,7 @@ class IPyParallelEngines(EngineKind):
             f"--HeartMonitor.period={hb}",
             "--HeartMonitor.max_heartmonitor_misses=6",
             "--log-level=WARN",
-        ]
+        ] + (["--IPController.enable_curve=True"] if options.get("tls") else [])
 
     def connection_files(self, cdir: Path) -> tuple[Path, Path]:
         sec = cdir / "profile" / "security"
