@@ -5,15 +5,16 @@ For every N (8, 16, 32; 64 too with ``--big``) and every way, this measures
 * seconds: from just before starting the cluster until all N engines are registered AND
   every one of them has imported TensorFlow and run ``tf.reduce_sum(tf.ones((8, 8)))``;
 * pss_mib: the summed PSS (``psutil...memory_full_info().pss``, MiB) of the engine
-  processes at that moment, all of them still alive. PSS splits each shared page between
-  the processes that share it, so pages shared with a parent that is not counted (the
-  node agent, the floor's parent) are counted only in part.
+  processes at that moment, all of them still alive, plus the process they were forked
+  from where there is one (our node agent, the floor's parent): PSS splits each shared
+  page between the processes that share it, so leaving the parent out would hide part of
+  the shared TensorFlow pages.
 
 The ways:
 
 * ours: ``Lounge(N, engines="ipyparallel", preload=["tensorflow"], wait=True)``; engines
-  are forked from a node agent that has imported TensorFlow. Processes counted: all
-  descendants of the agent pids (the agent itself is not counted).
+  are forked from a node agent that has imported TensorFlow. Processes counted: the
+  agents and all their descendants.
 * ours-dask: the same with ``engines="dask"``; the op runs through ``client.run``.
 * ipyparallel: stock ``ipyparallel.Cluster(n=N)``; the engines import TensorFlow when the
   op is applied. Counted: our descendants whose command line holds ``ipyparallel.engine``:
@@ -109,8 +110,7 @@ def run_ours(n: int, way: str, notes: list[str]) -> tuple[float, float]:
 
     engines = "dask" if way == "ours-dask" else "ipyparallel"
     t0 = time.perf_counter()
-    c = Lounge(n, engines=engines, preload=["tensorflow"], progress=False, wait=True,
-               timeout=600)
+    c = Lounge(n, engines=engines, preload=["tensorflow"], progress=False, wait=True, timeout=600)
     try:
         c.start_sync()
         if engines == "dask":
@@ -118,9 +118,9 @@ def run_ours(n: int, way: str, notes: list[str]) -> tuple[float, float]:
         else:
             check_results(c.client[:].apply_async(tf_op).get(timeout=TIMEOUT), n)
         seconds = time.perf_counter() - t0
-        pss = pss_mib(p for a in c.agents for p in descendants(a["pid"]))
-        notes.append(f"{way} N={n}: the node agent (not counted) has "
-                     f"{pss_mib(a['pid'] for a in c.agents):.0f} MiB PSS besides")
+        agents = [a["pid"] for a in c.agents]
+        pss = pss_mib(agents + [p for a in agents for p in descendants(a)])
+        notes.append(f"{way} N={n}: {pss_mib(agents):.0f} MiB of it in the node agent")
         return seconds, pss
     finally:
         c.stop_sync()
@@ -138,9 +138,11 @@ def run_ipyparallel(n: int, notes: list[str]) -> tuple[float, float]:
         seconds = time.perf_counter() - t0
         procs = [p for p in descendants() if "ipyparallel.engine" in " ".join(p.cmdline())]
         nannies = [p for p in procs if "ipyparallel.engine.nanny" in " ".join(p.cmdline())]
-        notes.append(f"ipyparallel N={n}: {len(procs) - len(nannies)} engines and "
-                     f"{len(nannies)} engine nannies counted, {pss_mib(nannies):.0f} MiB "
-                     "of it in the nannies")
+        notes.append(
+            f"ipyparallel N={n}: {len(procs) - len(nannies)} engines and "
+            f"{len(nannies)} engine nannies counted, {pss_mib(nannies):.0f} MiB "
+            "of it in the nannies"
+        )
         return seconds, pss_mib(procs)
     finally:
         if rc is not None:
@@ -154,9 +156,15 @@ def run_dask(n: int, tmp: str) -> tuple[float, float]:
     t0 = time.perf_counter()
     # memory_limit=0: no per-worker limit, as our dask engines have (24 GB / 64 workers
     # would otherwise let the nanny kill workers that import TensorFlow).
-    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                           dashboard_address=None, memory_limit=0, local_directory=tmp,
-                           silence_logs=logging.ERROR)
+    cluster = LocalCluster(
+        n_workers=n,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        memory_limit=0,
+        local_directory=tmp,
+        silence_logs=logging.ERROR,
+    )
     client = None
     try:
         client = Client(cluster, timeout=TIMEOUT)
@@ -209,23 +217,29 @@ print(json.dumps({"seconds": (t_ready - t0) + (t_end - t_go)}), flush=True)
 
 def run_floor(n: int, notes: list[str]) -> tuple[float, float]:
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", FLOOR, str(n)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FLOOR, str(n)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         first = json.loads(with_timeout(proc.stdout.readline) or "null")
         if not first or first["ok"] != n:
             raise RuntimeError(f"floor children did not all run the op: {first!r}")
         pause = time.perf_counter()
-        pss = pss_mib(first["pids"])
+        pss = pss_mib(first["pids"] + [proc.pid])
         parent = pss_mib([proc.pid])
         pause = time.perf_counter() - pause
         proc.stdin.write("go\n")
         proc.stdin.flush()
         inside = json.loads(with_timeout(proc.stdout.readline))["seconds"]
         outside = time.perf_counter() - t0 - pause
-        notes.append(f"floor N={n}: {inside:.2f} s inside the subprocess (reported), "
-                     f"{outside:.2f} s from Popen incl. interpreter start; its parent "
-                     f"(not counted) has {parent:.0f} MiB PSS besides")
+        notes.append(
+            f"floor N={n}: {inside:.2f} s inside the subprocess (reported), "
+            f"{outside:.2f} s from Popen incl. interpreter start; {parent:.0f} MiB of "
+            "its PSS in the parent"
+        )
         return inside, pss
     finally:
         proc.kill()
@@ -276,11 +290,13 @@ def measure(way: str, n: int, tmp: str, notes: list[str]) -> dict:
     return {"n": n, "way": way, "seconds": seconds, "pss_mib": pss}
 
 
-RATIOS = [("time ipp/ours", "seconds", "ipyparallel", "ours"),
-          ("time dask/ours", "seconds", "dask", "ours"),
-          ("time ours/floor", "seconds", "ours", "floor"),
-          ("mem ipp/ours", "pss_mib", "ipyparallel", "ours"),
-          ("mem dask/ours", "pss_mib", "dask", "ours")]
+RATIOS = [
+    ("time ipp/ours", "seconds", "ipyparallel", "ours"),
+    ("time dask/ours", "seconds", "dask", "ours"),
+    ("time ours/floor", "seconds", "ours", "floor"),
+    ("mem ipp/ours", "pss_mib", "ipyparallel", "ours"),
+    ("mem dask/ours", "pss_mib", "dask", "ours"),
+]
 
 
 def table(records: list[dict], sizes: list[int], ways: list[str]) -> str:
@@ -301,8 +317,7 @@ def table(records: list[dict], sizes: list[int], ways: list[str]) -> str:
             row.append(fmt(x / y if x is not None and y else None, 2))
         rows.append(row)
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |"
-             for r in [head, *rows]]
+    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |" for r in [head, *rows]]
     lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
     return "\n".join(lines)
 
@@ -311,12 +326,16 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--big", action="store_true", help="also N=64")
     ap.add_argument("--sizes", help="comma-separated N, e.g. 8,16 (overrides --big)")
-    ap.add_argument("--ways", default=",".join(WAYS), help="comma-separated subset of "
-                    + ", ".join(WAYS))
+    ap.add_argument(
+        "--ways", default=",".join(WAYS), help="comma-separated subset of " + ", ".join(WAYS)
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the records as JSON")
     args = ap.parse_args(argv)
-    sizes = ([int(s) for s in args.sizes.split(",") if s.strip()] if args.sizes
-             else [8, 16, 32] + ([64] if args.big else []))
+    sizes = (
+        [int(s) for s in args.sizes.split(",") if s.strip()]
+        if args.sizes
+        else [8, 16, 32] + ([64] if args.big else [])
+    )
     asked = {w.strip() for w in args.ways.split(",") if w.strip()}
     ways = [w for w in WAYS if w in asked]
     unknown = asked - set(WAYS)

@@ -23,13 +23,18 @@ def train(lr: float, units: int, epochs: int) -> dict:
     x, y = load_breast_cancer(return_X_y=True)
     x_tr, x_val, y_tr, y_val = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
     scaler = StandardScaler().fit(x_tr)
-    x_tr, x_val = scaler.transform(x_tr).astype("float32"), scaler.transform(x_val).astype("float32")
+    x_tr, x_val = (
+        scaler.transform(x_tr).astype("float32"),
+        scaler.transform(x_val).astype("float32"),
+    )
     tf.random.set_seed(int(os.environ.get("LOUNGE_RANK", "0")))
-    model = tf.keras.Sequential([
-        tf.keras.Input((x.shape[1],)),
-        tf.keras.layers.Dense(units, activation="relu"),
-        tf.keras.layers.Dense(1, activation="sigmoid"),
-    ])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((x.shape[1],)),
+            tf.keras.layers.Dense(units, activation="relu"),
+            tf.keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
     model.compile(tf.keras.optimizers.Adam(lr), "binary_crossentropy", metrics=["accuracy"])
     model.fit(x_tr, y_tr, epochs=epochs, batch_size=32, verbose=0)
     _, val_accuracy = model.evaluate(x_val, y_val, verbose=0)
@@ -46,25 +51,39 @@ def main() -> None:
 
     print(f"Starting {args.engines} {args.kind} engines on this machine, TensorFlow preloaded...")
     t0 = time.perf_counter()
-    lounge = Lounge(args.engines, engines=args.kind, preload=["tensorflow", "sklearn"],
-                    wait=True, progress=False, timeout=300)
+    lounge = Lounge(
+        args.engines,
+        engines=args.kind,
+        preload=["tensorflow", "sklearn"],
+        wait=True,
+        progress=False,
+        timeout=300,
+    )
     lounge.start_sync()
     launch = time.perf_counter() - t0
     try:
-        grid = [{"lr": lr, "units": units, "epochs": 15}
-                for lr in (0.001, 0.01) for units in (4, 16, 64)]
+        grid = [
+            {"lr": lr, "units": units, "epochs": 15}
+            for lr in (0.001, 0.01)
+            for units in (4, 16, 64)
+        ]
         t1 = time.perf_counter()
         results = lounge.map(train, grid)
         sweep = time.perf_counter() - t1
         import pandas as pd
 
         with pd.option_context("display.width", 120):
-            print(results[["lr", "units", "epochs", "val_accuracy", "engine", "host", "seconds"]]
-                  .sort_values("val_accuracy", ascending=False).to_string(index=False))
+            print(
+                results[["lr", "units", "epochs", "val_accuracy", "engine", "host", "seconds"]]
+                .sort_values("val_accuracy", ascending=False)
+                .to_string(index=False)
+            )
         if results["error"].notna().any():
             raise SystemExit(f"some items failed:\n{results['error'].dropna().tolist()}")
-        print(f"\nLaunch: {args.engines} engines registered with TensorFlow imported in "
-              f"{launch:.1f} s; sweep of {len(grid)} models in {sweep:.1f} s.")
+        print(
+            f"\nLaunch: {args.engines} engines registered with TensorFlow imported in "
+            f"{launch:.1f} s; sweep of {len(grid)} models in {sweep:.1f} s."
+        )
     finally:
         lounge.stop_sync()
         print(f"Stopped {lounge.name}; nothing of it is left running.")

@@ -6,8 +6,14 @@ Imports are lazy: the node agent imports this package before it forks, and must 
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["Lounge", "Cluster", "ClusterManager", "LoungeError", "current",
-           "load_ipython_extension"]
+__all__ = [
+    "Lounge",
+    "Cluster",
+    "ClusterManager",
+    "LoungeError",
+    "current",
+    "load_ipython_extension",
+]
 
 
 def __getattr__(name: str):

@@ -18,11 +18,14 @@ def run(argv: list[str]) -> int:
     if args.command == "help":
         print(commands.usage("lounge"))
     elif args.command == "start":
-        cluster = Cluster(args.n, stop_at_exit=False, progress=False,
-                          **commands.start_options(args)).start_sync()
+        cluster = Cluster(
+            args.n, stop_at_exit=False, progress=False, **commands.start_options(args)
+        ).start_sync()
         print(f"Started {cluster.name}: {cluster.describe()}")
-        print(f"Attach with: from jupyter_lounge import Lounge; lounge = Lounge.attach("
-              f"{cluster.name!r})   or   %lounge attach {cluster.name}")
+        print(
+            f"Attach with: from jupyter_lounge import Lounge; lounge = Lounge.attach("
+            f"{cluster.name!r})   or   %lounge attach {cluster.name}"
+        )
     elif args.command == "scale":
         if not args.name:
             raise LoungeError("Say which cluster to scale: `lounge scale N --name NAME`.")

@@ -37,12 +37,25 @@ def _positive_int(value: Any, what: str) -> int:
 
 
 class Cluster:
-    def __init__(self, n: int = 1, *, name: str | None = None, engines: str = "ipyparallel",
-                 backend: str = "local", preload: list[str] | str = (), nodes: int = 1,
-                 wait: bool = False, timeout: float = 120.0, restart: bool = True,
-                 gpus: list[str] | None = None, engines_per_gpu: int = 1,
-                 heartbeat_ms: int = 500, tls: bool = False, progress: bool | None = None,
-                 stop_at_exit: bool = True):
+    def __init__(
+        self,
+        n: int = 1,
+        *,
+        name: str | None = None,
+        engines: str = "ipyparallel",
+        backend: str = "local",
+        preload: list[str] | str = (),
+        nodes: int = 1,
+        wait: bool = False,
+        timeout: float = 120.0,
+        restart: bool = True,
+        gpus: list[str] | None = None,
+        engines_per_gpu: int = 1,
+        heartbeat_ms: int = 150,
+        tls: bool = False,
+        progress: bool | None = None,
+        stop_at_exit: bool = True,
+    ):
         self.n = _positive_int(n, "The number of engines")
         self.nodes = _positive_int(nodes, "The number of nodes")
         self.kind = engine_kind(engines)
@@ -73,12 +86,23 @@ class Cluster:
 
     def to_dict(self) -> dict:
         return {
-            "name": self.name, "engines": self.kind.name, "backend": self.backend.name,
-            "n": self.n, "nodes": self.nodes, "preload": self.preload, "status": self.status,
-            "agents": self.agents, "controller_pid": self.controller_pid,
-            "next_rank": self.next_rank, "created": self.created, "gpus": self.gpus,
-            "engines_per_gpu": self.engines_per_gpu, "restart": self.restart,
-            "heartbeat_ms": self.heartbeat_ms, "timeout": self.timeout, "tls": self.tls,
+            "name": self.name,
+            "engines": self.kind.name,
+            "backend": self.backend.name,
+            "n": self.n,
+            "nodes": self.nodes,
+            "preload": self.preload,
+            "status": self.status,
+            "agents": self.agents,
+            "controller_pid": self.controller_pid,
+            "next_rank": self.next_rank,
+            "created": self.created,
+            "gpus": self.gpus,
+            "engines_per_gpu": self.engines_per_gpu,
+            "restart": self.restart,
+            "heartbeat_ms": self.heartbeat_ms,
+            "timeout": self.timeout,
+            "tls": self.tls,
         }
 
     def save(self) -> None:
@@ -90,15 +114,28 @@ class Cluster:
         data = state.load_state(state.check_name(name))
         if data is None:
             known = ", ".join(d["name"] for d in state.list_states()) or "none"
-            raise LoungeError(f"No cluster named {name!r} (running: {known}); "
-                              "see `lounge list`.")
-        self = cls(data["n"], name=data["name"], engines=data["engines"],
-                   backend=data["backend"], preload=data["preload"], nodes=data["nodes"],
-                   gpus=data["gpus"], engines_per_gpu=data["engines_per_gpu"],
-                   restart=data["restart"], heartbeat_ms=data["heartbeat_ms"],
-                   timeout=data["timeout"], tls=data.get("tls", False), stop_at_exit=False)
+            raise LoungeError(f"No cluster named {name!r} (running: {known}); see `lounge list`.")
+        self = cls(
+            data["n"],
+            name=data["name"],
+            engines=data["engines"],
+            backend=data["backend"],
+            preload=data["preload"],
+            nodes=data["nodes"],
+            gpus=data["gpus"],
+            engines_per_gpu=data["engines_per_gpu"],
+            restart=data["restart"],
+            heartbeat_ms=data["heartbeat_ms"],
+            timeout=data["timeout"],
+            tls=data.get("tls", False),
+            stop_at_exit=False,
+        )
         self.agents, self.controller_pid = data["agents"], data["controller_pid"]
-        self.next_rank, self.created, self.status = data["next_rank"], data["created"], data["status"]
+        self.next_rank, self.created, self.status = (
+            data["next_rank"],
+            data["created"],
+            data["status"],
+        )
         global _current
         _current = self
         return self
@@ -116,8 +153,10 @@ class Cluster:
         old = state.load_state(self.name)
         if old is not None:
             if alive(old.get("controller_pid")):
-                raise LoungeError(f"A cluster named {self.name!r} is already running: choose "
-                                  f"another --name, or stop it with `lounge stop {self.name}`.")
+                raise LoungeError(
+                    f"A cluster named {self.name!r} is already running: choose "
+                    f"another --name, or stop it with `lounge stop {self.name}`."
+                )
             state.remove_state(self.name)  # a stale file from a cluster that died
         self.status = "starting"
         self.save()
@@ -135,8 +174,9 @@ class Cluster:
     async def _start(self) -> None:
         cdir = self.dir
         log = cdir / "controller.log"
-        cmd = self.kind.controller_command(cdir, self.backend.listen_ip(),
-                                           {"heartbeat_ms": self.heartbeat_ms, "tls": self.tls})
+        cmd = self.kind.controller_command(
+            cdir, self.backend.listen_ip(), {"heartbeat_ms": self.heartbeat_ms, "tls": self.tls}
+        )
         self.controller_pid = spawn(cmd, log).pid
         self.save()
         ranks = self._split(range(self.n), self.nodes)
@@ -146,9 +186,12 @@ class Cluster:
         self.save()
         self._show_progress()
         engine_file, client_file = self.kind.connection_files(cdir)
-        await self._wait_for(lambda: client_file.exists() and state.read_json(client_file),
-                             30, "the controller to write its connection file",
-                             check=self._check_controller)
+        await self._wait_for(
+            lambda: client_file.exists() and state.read_json(client_file),
+            30,
+            "the controller to write its connection file",
+            check=self._check_controller,
+        )
         client_file.chmod(0o600)
         engine_file.chmod(0o600)
         self._client = await asyncio.to_thread(self.kind.connect, cdir, 30)
@@ -158,22 +201,35 @@ class Cluster:
 
     async def _place_agent(self, node: str, ranks: list[int]) -> None:
         cdir = self.dir
-        files = {k: str(cdir / f"agent-{node}.{k}") for k in ("spec.json", "control.json",
-                                                              "report.json", "log")}
+        files = {
+            k: str(cdir / f"agent-{node}.{k}")
+            for k in ("spec.json", "control.json", "report.json", "log")
+        }
         state.write_json(files["control.json"], {"ranks": ranks, "size": self.n})
-        state.write_json(files["spec.json"], {
-            "cluster": self.name, "node": node, "engine_kind": self.kind.name,
-            "preload": self.preload, "ranks": ranks, "size": self.n,
-            "connection_file": str(self.kind.connection_files(cdir)[0]),
-            "control_file": files["control.json"], "report_file": files["report.json"],
-            "gpus": self.gpus, "engines_per_gpu": self.engines_per_gpu,
-            "restart": self.restart, "connect_timeout": 60,
-            "engine_options": {"profile_dir": str(cdir / "profile"),
-                               "local_directory": str(cdir / "dask-worker-space"),
-                               "tls_dir": str(cdir) if self.tls else None},
-        })
-        handle = await self.backend.start_agent(node, Path(files["spec.json"]),
-                                                Path(files["log"]))
+        state.write_json(
+            files["spec.json"],
+            {
+                "cluster": self.name,
+                "node": node,
+                "engine_kind": self.kind.name,
+                "preload": self.preload,
+                "ranks": ranks,
+                "size": self.n,
+                "connection_file": str(self.kind.connection_files(cdir)[0]),
+                "control_file": files["control.json"],
+                "report_file": files["report.json"],
+                "gpus": self.gpus,
+                "engines_per_gpu": self.engines_per_gpu,
+                "restart": self.restart,
+                "connect_timeout": 60,
+                "engine_options": {
+                    "profile_dir": str(cdir / "profile"),
+                    "local_directory": str(cdir / "dask-worker-space"),
+                    "tls_dir": str(cdir) if self.tls else None,
+                },
+            },
+        )
+        handle = await self.backend.start_agent(node, Path(files["spec.json"]), Path(files["log"]))
         handle.update(ranks=list(ranks), files=files)
         self.agents.append(handle)
         self.save()
@@ -186,8 +242,10 @@ class Cluster:
     # -- waiting -------------------------------------------------------------------------------
     def _check_controller(self) -> None:
         if not alive(self.controller_pid):
-            raise LoungeError(f"The {self.kind.name} controller of {self.name!r} exited: "
-                              f"{tail(self.dir / 'controller.log', 3) or 'no output'}")
+            raise LoungeError(
+                f"The {self.kind.name} controller of {self.name!r} exited: "
+                f"{tail(self.dir / 'controller.log', 3) or 'no output'}"
+            )
 
     def _check_agents(self) -> None:
         for a in self.agents:
@@ -195,8 +253,10 @@ class Cluster:
             if report.get("status") == "failed":
                 raise LoungeError(report.get("error") or f"node agent on {a['node']} failed")
             if not self.backend.agent_alive(a) and report.get("status") not in ("stopped",):
-                raise LoungeError(f"The node agent on {a['node']!r} exited: "
-                                  f"{tail(a['files']['log'], 3) or 'no output'}")
+                raise LoungeError(
+                    f"The node agent on {a['node']!r} exited: "
+                    f"{tail(a['files']['log'], 3) or 'no output'}"
+                )
 
     async def _wait_for(self, ready, timeout: float, what: str, check=None) -> None:
         deadline = time.monotonic() + timeout
@@ -205,17 +265,22 @@ class Cluster:
                 check()
             self._check_agents()
             if time.monotonic() > deadline:
-                raise LoungeTimeout(f"Timed out after {timeout:g} s waiting for {what} of "
-                                    f"cluster {self.name!r} ({self.describe()}); raise "
-                                    f"--timeout or read the logs in {self.dir}.")
+                raise LoungeTimeout(
+                    f"Timed out after {timeout:g} s waiting for {what} of "
+                    f"cluster {self.name!r} ({self.describe()}); raise "
+                    f"--timeout or read the logs in {self.dir}."
+                )
             await asyncio.sleep(0.05)
 
     async def wait_for_engines(self, n: int | None = None, timeout: float | None = None) -> None:
         """Return once ``n`` engines (default: all wanted) are registered."""
         n = self.n if n is None else n
-        await self._wait_for(lambda: len(self.registered()) >= n, timeout or self.timeout,
-                             f"{n} engine{'s' if n != 1 else ''} to register",
-                             check=self._check_controller)
+        await self._wait_for(
+            lambda: len(self.registered()) >= n,
+            timeout or self.timeout,
+            f"{n} engine{'s' if n != 1 else ''} to register",
+            check=self._check_controller,
+        )
 
     # -- observing -----------------------------------------------------------------------------
     @property
@@ -223,14 +288,14 @@ class Cluster:
         """The stock ``ipyparallel.Client`` or ``distributed.Client`` of this cluster."""
         if self._client is None:
             if not alive(self.controller_pid):
-                raise LoungeError(f"Cluster {self.name!r} has no running controller; "
-                                  "start it again.")
+                raise LoungeError(
+                    f"Cluster {self.name!r} has no running controller; start it again."
+                )
             self._client = self.kind.connect(self.dir, 30)
         return self._client
 
     def registered(self) -> list[tuple[str, int]]:
-        return self.kind.registered(self.client) if self._client or self.status == "running" \
-            else []
+        return self.kind.registered(self.client) if self._client or self.status == "running" else []
 
     def nodes_status(self) -> list[dict]:
         """Per node: agent status, engines ready and wanted."""
@@ -244,9 +309,16 @@ class Cluster:
             status = report.get("status", "starting")
             if not self.backend.agent_alive(a) and status not in ("stopped", "failed"):
                 status = "lost"
-            rows.append({"node": a["node"], "status": status, "ready": counts.get(a["node"], 0),
-                         "target": len(a["ranks"]), "pid": a["pid"],
-                         "error": report.get("error")})
+            rows.append(
+                {
+                    "node": a["node"],
+                    "status": status,
+                    "ready": counts.get(a["node"], 0),
+                    "target": len(a["ranks"]),
+                    "pid": a["pid"],
+                    "error": report.get("error"),
+                }
+            )
         return rows
 
     def engines(self) -> list[dict]:
@@ -258,10 +330,16 @@ class Cluster:
             report = state.read_json(a["files"]["report.json"]) or {}
             lost = not self.backend.agent_alive(a)
             for rank, e in sorted(report.get("engines", {}).items(), key=lambda kv: int(kv[0])):
-                rows.append({"rank": int(rank), "node": a["node"], "pid": e.get("pid"),
-                             "state": "lost" if lost and e.get("state") == "running"
-                             else e.get("state"), "restarts": e.get("restarts", 0),
-                             "registered": (a["node"], int(rank)) in registered})
+                rows.append(
+                    {
+                        "rank": int(rank),
+                        "node": a["node"],
+                        "pid": e.get("pid"),
+                        "state": "lost" if lost and e.get("state") == "running" else e.get("state"),
+                        "restarts": e.get("restarts", 0),
+                        "registered": (a["node"], int(rank)) in registered,
+                    }
+                )
         return rows
 
     def describe(self) -> str:
@@ -270,13 +348,14 @@ class Cluster:
         except Exception:  # noqa: BLE001 - a description must not fail
             return "status unknown"
         ready = sum(r["ready"] for r in rows)
-        per_node = ", ".join(f"{r['node']}: {r['status']} {r['ready']}/{r['target']}"
-                             for r in rows)
+        per_node = ", ".join(f"{r['node']}: {r['status']} {r['ready']}/{r['target']}" for r in rows)
         return f"{ready}/{self.n} ready; {per_node}"
 
     def __repr__(self) -> str:
-        return (f"<Lounge {self.name!r} {self.kind.name} on {self.backend.name}: "
-                f"{self.describe() if self.status == 'running' else self.status}>")
+        return (
+            f"<Lounge {self.name!r} {self.kind.name} on {self.backend.name}: "
+            f"{self.describe() if self.status == 'running' else self.status}>"
+        )
 
     # -- scale and stop ------------------------------------------------------------------------
     async def scale(self, n: int) -> None:
@@ -328,8 +407,9 @@ class Cluster:
                 pass
 
     # -- work ----------------------------------------------------------------------------------
-    def map(self, fn, items, *, retries: int = 1, timeout: float | None = None,
-            progress: bool = True):
+    def map(
+        self, fn, items, *, retries: int = 1, timeout: float | None = None, progress: bool = True
+    ):
         from .mapping import map_items
 
         return map_items(self, fn, items, retries=retries, timeout=timeout, progress=progress)
@@ -367,8 +447,12 @@ def _detect_gpus() -> list[str]:
     if not shutil.which("nvidia-smi"):
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     return [line.strip() for line in out.splitlines() if line.strip().isdigit()]

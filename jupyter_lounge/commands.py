@@ -12,7 +12,8 @@ USAGE = """\
 %lounge start N [--engines ipyparallel|dask] [--backend local] [--nodes M] [--name NAME]
                [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart] [--tls]
 %lounge scale N [--name NAME]     %lounge status [NAME]     %lounge list
-%lounge stop [NAME]               %lounge attach NAME       %%lounge [NAME]  (cell on every engine)"""
+%lounge stop [NAME]               %lounge attach NAME
+%%lounge [NAME]                   (as a cell magic: run the cell on every engine)"""
 
 
 def positive_int(text: str) -> int:
@@ -44,12 +45,19 @@ class _Parser(argparse.ArgumentParser):
             extra = message.split(":", 1)[1].strip()
             raise LoungeError(f"Unknown option {extra}: see `{hint}` for the options.")
         if "required: n" in message:
-            raise LoungeError(f"Say how many engines, e.g. `{hint.split()[0]} {self.prog.split()[-1]} 8`.")
+            raise LoungeError(
+                f"Say how many engines, e.g. `{hint.split()[0]} {self.prog.split()[-1]} 8`."
+            )
         if message.startswith("argument "):
-            what, _, why = message[len("argument "):].partition(": ")
-            names = {"n": "The number of engines", "--nodes": "--nodes",
-                     "--timeout": "--timeout", "--engines": "--engines",
-                     "--backend": "--backend", "command": "The command"}
+            what, _, why = message[len("argument ") :].partition(": ")
+            names = {
+                "n": "The number of engines",
+                "--nodes": "--nodes",
+                "--timeout": "--timeout",
+                "--engines": "--engines",
+                "--backend": "--backend",
+                "command": "The command",
+            }
             what = names.get(what.split("/")[0], what)
             raise LoungeError(f"{what} {why} (see `{hint}`).")
         raise LoungeError(f"{message[0].upper()}{message[1:]} (see `{hint}`).")
@@ -82,9 +90,9 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
 
 
 def usage(prog: str = "%lounge") -> str:
-    text = USAGE.replace("%lounge", prog)
-    return text if prog == "%lounge" else text.replace(f"%{prog} [NAME]  (cell on every engine)",
-                                                       "")
+    if prog == "%lounge":
+        return USAGE
+    return "\n".join(USAGE.replace("%lounge", prog).splitlines()[:-1])
 
 
 def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
@@ -97,9 +105,17 @@ def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
 
 
 def start_options(args: argparse.Namespace) -> dict:
-    return {"name": args.name, "engines": args.engines, "backend": args.backend,
-            "nodes": args.nodes, "preload": args.preload, "wait": args.wait,
-            "timeout": args.timeout, "restart": args.restart, "tls": args.tls}
+    return {
+        "name": args.name,
+        "engines": args.engines,
+        "backend": args.backend,
+        "nodes": args.nodes,
+        "preload": args.preload,
+        "wait": args.wait,
+        "timeout": args.timeout,
+        "restart": args.restart,
+        "tls": args.tls,
+    }
 
 
 def format_table(rows: list[dict], columns: list[str]) -> str:
@@ -113,14 +129,20 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
 
 
 def format_status(status: dict) -> str:
-    head = (f"{status['name']}: {status['engines']} on {status['backend']}, "
-            f"{status['status']}, {status['ready']}/{status['target']} engines ready")
-    return head + "\n" + format_table(status["nodes"], ["node", "status", "ready", "target",
-                                                        "pid", "error"])
+    head = (
+        f"{status['name']}: {status['engines']} on {status['backend']}, "
+        f"{status['status']}, {status['ready']}/{status['target']} engines ready"
+    )
+    return (
+        head
+        + "\n"
+        + format_table(status["nodes"], ["node", "status", "ready", "target", "pid", "error"])
+    )
 
 
 def format_list(rows: list[dict]) -> str:
     for r in rows:
         r["age"] = time.strftime("%H:%M:%S", time.gmtime(r["age_s"]))
-    return format_table(rows, ["name", "engines", "backend", "n", "nodes", "status", "age",
-                               "preload"])
+    return format_table(
+        rows, ["name", "engines", "backend", "n", "nodes", "status", "age", "preload"]
+    )

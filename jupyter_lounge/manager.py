@@ -26,18 +26,32 @@ class ClusterManager:
         out = []
         for d in state.list_states():
             status = d["status"] if alive(d.get("controller_pid")) else "dead"
-            out.append({"name": d["name"], "engines": d["engines"], "backend": d["backend"],
-                        "n": d["n"], "nodes": d["nodes"], "status": status,
-                        "age_s": round(time.time() - d["created"], 1),
-                        "preload": ",".join(d["preload"])})
+            out.append(
+                {
+                    "name": d["name"],
+                    "engines": d["engines"],
+                    "backend": d["backend"],
+                    "n": d["n"],
+                    "nodes": d["nodes"],
+                    "status": status,
+                    "age_s": round(time.time() - d["created"], 1),
+                    "preload": ",".join(d["preload"]),
+                }
+            )
         return out
 
     def status(self, name: str) -> dict:
         cluster = self.get(name)
         rows = cluster.nodes_status()
-        return {"name": name, "engines": cluster.kind.name, "backend": cluster.backend.name,
-                "status": cluster.status, "ready": sum(r["ready"] for r in rows),
-                "target": cluster.n, "nodes": rows}
+        return {
+            "name": name,
+            "engines": cluster.kind.name,
+            "backend": cluster.backend.name,
+            "status": cluster.status,
+            "ready": sum(r["ready"] for r in rows),
+            "target": cluster.n,
+            "nodes": rows,
+        }
 
     def stop(self, name: str) -> None:
         if state.load_state(state.check_name(name)) is None:

@@ -18,12 +18,14 @@ def _payloads(fn, items: list) -> list[bytes]:
     ]
 
 
-def map_items(cluster, fn, items, *, retries: int = 1, timeout: float | None = None,
-              progress: bool = True):
+def map_items(
+    cluster, fn, items, *, retries: int = 1, timeout: float | None = None, progress: bool = True
+):
     """Run ``fn`` on every item; a dict item is passed as keyword arguments (a sweep).
 
     Returns a DataFrame in input order: the parameters, ``result`` (and, when every result
-    that did not fail is a dict, its keys as columns), ``error``, ``engine``, ``node``, ``host``, ``seconds``.
+    that did not fail is a dict, its keys as columns), ``error``, ``engine``, ``node``,
+    ``host``, ``seconds``.
     """
     import pandas as pd
 
@@ -40,8 +42,14 @@ def map_items(cluster, fn, items, *, retries: int = 1, timeout: float | None = N
         try:
             out = fut.result()
         except Exception as e:  # noqa: BLE001 - the engine died more often than retried
-            out = {"result": None, "error": f"{type(e).__name__}: {e}", "engine": -1,
-                   "node": "", "host": "", "seconds": float("nan")}
+            out = {
+                "result": None,
+                "error": f"{type(e).__name__}: {e}",
+                "engine": -1,
+                "node": "",
+                "host": "",
+                "seconds": float("nan"),
+            }
         row.update(out)
         rows.append(row)
     df = pd.DataFrame(rows)
@@ -49,8 +57,9 @@ def map_items(cluster, fn, items, *, retries: int = 1, timeout: float | None = N
     if results and all(isinstance(r, dict) for r in results):
         for key in dict.fromkeys(k for r in results for k in r):
             if key not in df.columns:
-                df[key] = [r["result"].get(key) if isinstance(r["result"], dict) else None
-                           for r in rows]
+                df[key] = [
+                    r["result"].get(key) if isinstance(r["result"], dict) else None for r in rows
+                ]
     return df
 
 
@@ -69,6 +78,8 @@ def _wait(futures: list, timeout: float | None, progress: bool) -> None:
             if deadline is not None and time.monotonic() > deadline:
                 for i in pending:
                     futures[i].cancel()
-                raise LoungeTimeout(f"Timed out after {timeout:g} s waiting for map results: "
-                                    f"{len(pending)} of {len(futures)} items unfinished.")
+                raise LoungeTimeout(
+                    f"Timed out after {timeout:g} s waiting for map results: "
+                    f"{len(pending)} of {len(futures)} items unfinished."
+                )
             time.sleep(0.05)

@@ -141,8 +141,10 @@ class NodeAgent:
         try:
             self.kind.agent_imports()
         except BaseException as e:  # noqa: BLE001
-            self.fail(f"engine kind {self.kind.name!r} cannot be imported on node "
-                      f"{self.node!r}: {type(e).__name__}: {e}")
+            self.fail(
+                f"engine kind {self.kind.name!r} cannot be imported on node "
+                f"{self.node!r}: {type(e).__name__}: {e}"
+            )
 
     def wait_for_controller(self) -> None:
         self.status = "waiting-controller"
@@ -161,14 +163,17 @@ class NodeAgent:
     def fork_engine(self, rank: int) -> None:
         problem = fork_safety_problem(thorough=not self.children)
         if problem:
-            self.fail(f"cannot fork engines on node {self.node!r}: {problem} before the fork "
-                      "(a preload module started it); remove that module from --preload")
+            self.fail(
+                f"cannot fork engines on node {self.node!r}: {problem} before the fork "
+                "(a preload module started it); remove that module from --preload"
+            )
         entry = self.engines.setdefault(str(rank), {"restarts": -1, "index": self._next_index})
         if entry["index"] == self._next_index:
             self._next_index += 1
         entry["restarts"] += 1
-        gpu = gpu_for(entry["index"], self.spec.get("gpus", []),
-                      self.spec.get("engines_per_gpu", 1))
+        gpu = gpu_for(
+            entry["index"], self.spec.get("gpus", []), self.spec.get("engines_per_gpu", 1)
+        )
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -190,8 +195,11 @@ class NodeAgent:
                     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
                 _reseed(rank)
                 self.kind.run_engine(
-                    self.spec["connection_file"], rank=rank, node=self.node,
-                    restarts=entry["restarts"], options=self.spec.get("engine_options", {}),
+                    self.spec["connection_file"],
+                    rank=rank,
+                    node=self.node,
+                    restarts=entry["restarts"],
+                    options=self.spec.get("engine_options", {}),
                 )
                 code = 0
             except BaseException:  # noqa: BLE001
@@ -219,8 +227,12 @@ class NodeAgent:
             entry = self.engines[str(rank)]
             entry["state"] = "exited"
             entry["exit"] = os.waitstatus_to_exitcode(status)
-            if (not self.stopping and rank in self.wanted and self.spec.get("restart", True)
-                    and entry["restarts"] < MAX_RESTARTS):
+            if (
+                not self.stopping
+                and rank in self.wanted
+                and self.spec.get("restart", True)
+                and entry["restarts"] < MAX_RESTARTS
+            ):
                 self.fork_engine(rank)
         return changed
 

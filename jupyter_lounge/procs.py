@@ -21,8 +21,10 @@ from .errors import LoungeError, LoungeTimeout
 async def call(cmd: Sequence[str], *, timeout: float = 30, input: bytes | None = None) -> str:
     """Run a command to completion; return stdout, or raise an error quoting it."""
     proc = await asyncio.create_subprocess_exec(
-        *cmd, stdin=subprocess.PIPE if input else subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        *cmd,
+        stdin=subprocess.PIPE if input else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(input), timeout)
@@ -44,8 +46,13 @@ def spawn(cmd: Sequence[str], log: Path, env: dict | None = None) -> subprocess.
     with open(log, "ab") as out:
         os.chmod(log, 0o600)
         return subprocess.Popen(
-            list(cmd), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True, env=env, close_fds=True,
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            close_fds=True,
         )
 
 

@@ -22,8 +22,13 @@ def _in_notebook() -> bool:
 class LaunchProgress:
     """Watches a cluster from a background thread for at most ``timeout`` seconds."""
 
-    def __init__(self, cluster, use_widget: bool | None = None, timeout: float | None = None,
-                 interval: float = 0.25):
+    def __init__(
+        self,
+        cluster,
+        use_widget: bool | None = None,
+        timeout: float | None = None,
+        interval: float = 0.25,
+    ):
         self.cluster = cluster
         self.timeout = timeout or cluster.timeout
         self.interval = interval
@@ -51,8 +56,9 @@ class LaunchProgress:
         import ipywidgets as w
 
         if node not in self._bars:
-            bar = w.IntProgress(min=0, max=1, description=node,
-                                style={"description_width": "initial"})
+            bar = w.IntProgress(
+                min=0, max=1, description=node, style={"description_width": "initial"}
+            )
             label = w.Label()
             self._bars[node] = (bar, label)
             self._box.children = (*self._box.children, w.HBox([bar, label]))
@@ -68,11 +74,18 @@ class LaunchProgress:
                 bar, label = self._row(r["node"])
                 bar.max = max(r["target"], 1)
                 bar.value = min(r["ready"], bar.max)
-                bar.bar_style = "danger" if r["status"] in ("failed", "lost") else (
-                    "success" if r["ready"] >= r["target"] else "info")
+                bar.bar_style = (
+                    "danger"
+                    if r["status"] in ("failed", "lost")
+                    else ("success" if r["ready"] >= r["target"] else "info")
+                )
                 label.value = f"{r['ready']}/{r['target']} {r['status']}"
-        text = title + " (" + ", ".join(f"{r['node']} {r['ready']}/{r['target']} {r['status']}"
-                                        for r in rows) + ")"
+        text = (
+            title
+            + " ("
+            + ", ".join(f"{r['node']} {r['ready']}/{r['target']} {r['status']}" for r in rows)
+            + ")"
+        )
         return text
 
     def _run(self) -> None:

@@ -56,8 +56,9 @@ def pids_of():
         pids = []
         for agent in cluster.agents:
             report = state.read_json(agent["files"]["report.json"]) or {}
-            pids += [e["pid"] for e in report.get("engines", {}).values()
-                     if e.get("state") == "running"]
+            pids += [
+                e["pid"] for e in report.get("engines", {}).values() if e.get("state") == "running"
+            ]
         return pids
 
     return engine_pids

@@ -17,14 +17,14 @@ LOUNGE = [sys.executable, "-m", "jupyter_lounge.cli"]
 
 
 def lounge(*args, timeout=120):
-    return subprocess.run([*LOUNGE, *args], capture_output=True, text=True, timeout=timeout,
-                          env=os.environ)
+    return subprocess.run(
+        [*LOUNGE, *args], capture_output=True, text=True, timeout=timeout, env=os.environ
+    )
 
 
 @pytest.mark.parametrize("kind", ["ipyparallel", "dask"])
 def test_start_list_attach_stop(kind, lounge_dir):
-    out = lounge("start", "3", "--engines", kind, "--name", "shell", "--preload", "json",
-                 "--wait")
+    out = lounge("start", "3", "--engines", kind, "--name", "shell", "--preload", "json", "--wait")
     assert out.returncode == 0, out.stderr
     assert "Started shell: 3/3 ready" in out.stdout
     # the command has ended; the cluster has not
@@ -44,14 +44,17 @@ def test_start_list_attach_stop(kind, lounge_dir):
     assert processes_under(str(lounge_dir)) == []
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["start", "-2"], "whole number above 0"),
-    (["start", "many"], "not 'many'"),
-    (["start", "2", "--bogus"], "Unknown option --bogus: see `lounge help`"),
-    (["stop", "ghost"], "No cluster named 'ghost' to stop"),
-    (["stop"], "Say which cluster to stop"),
-    (["teleport"], "Unknown command 'teleport'"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["start", "-2"], "whole number above 0"),
+        (["start", "many"], "not 'many'"),
+        (["start", "2", "--bogus"], "Unknown option --bogus: see `lounge help`"),
+        (["stop", "ghost"], "No cluster named 'ghost' to stop"),
+        (["stop"], "Say which cluster to stop"),
+        (["teleport"], "Unknown command 'teleport'"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, expected):
     out = lounge(*args)
     assert out.returncode == 2

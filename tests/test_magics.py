@@ -51,16 +51,19 @@ def test_magics_start_cell_scale_status_stop(ip, capsys, kind):
     assert state.list_states() == []
 
 
-@pytest.mark.parametrize("line, expected", [
-    ("start 0", "whole number above 0"),
-    ("start two", "whole number above 0, not 'two'"),
-    ("start 2 --engines spark", "Unknown engine kind 'spark'"),
-    ("start 2 --backend cloud", "Unknown backend 'cloud'"),
-    ("start 2 --turbo", "Unknown option --turbo"),
-    ("stop ghost", "No cluster named 'ghost' to stop"),
-    ("attach ghost", "No cluster named 'ghost'"),
-    ("dance", "Unknown command 'dance'"),
-])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("start 0", "whole number above 0"),
+        ("start two", "whole number above 0, not 'two'"),
+        ("start 2 --engines spark", "Unknown engine kind 'spark'"),
+        ("start 2 --backend cloud", "Unknown backend 'cloud'"),
+        ("start 2 --turbo", "Unknown option --turbo"),
+        ("stop ghost", "No cluster named 'ghost' to stop"),
+        ("attach ghost", "No cluster named 'ghost'"),
+        ("dance", "Unknown command 'dance'"),
+    ],
+)
 def test_bad_input_in_the_shell_is_one_line(ip, line, expected):
     with pytest.raises(UsageError, match=expected):
         ip.run_line_magic("lounge", line)
@@ -73,10 +76,18 @@ def test_quickstart_notebook_runs_in_a_real_kernel(lounge_dir):
     from nbclient import NotebookClient
 
     nb = nbformat.read(ROOT / "examples" / "quickstart.ipynb", as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "examples")}}).execute()
-    outputs = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
-                      for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    NotebookClient(
+        nb,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(ROOT / "examples")}},
+    ).execute()
+    outputs = "".join(
+        o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+    )
     assert "0 True" in outputs and "3 True" in outputs  # %%lounge on every engine
     assert "accuracy" in outputs and "140" in outputs  # the sweep table, the Dask sum
     assert "6/6 engines ready" in outputs

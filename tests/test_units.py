@@ -50,11 +50,14 @@ def test_start_options_reach_the_cluster():
     assert opts["preload"] == "numpy,scipy"
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    ({"engines": "spark"}, "Unknown engine kind 'spark'"),
-    ({"backend": "kubernetes"}, "Unknown backend 'kubernetes'"),
-    ({"name": "bad name!"}, "Cluster name 'bad name!' is not valid"),
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        ({"engines": "spark"}, "Unknown engine kind 'spark'"),
+        ({"backend": "kubernetes"}, "Unknown backend 'kubernetes'"),
+        ({"name": "bad name!"}, "Cluster name 'bad name!' is not valid"),
+    ],
+)
 def test_cluster_rejects_bad_arguments(kwargs, expected):
     from jupyter_lounge import Lounge
 

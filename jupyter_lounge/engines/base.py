@@ -25,8 +25,9 @@ class EngineKind:
         """Host and TCP port the agent probes to notice that its controller is gone."""
         raise NotImplementedError
 
-    def run_engine(self, connection_file: str, *, rank: int, node: str, restarts: int,
-                   options: dict) -> None:
+    def run_engine(
+        self, connection_file: str, *, rank: int, node: str, restarts: int, options: dict
+    ) -> None:
         """Run one engine until it is stopped (in a freshly forked child)."""
         raise NotImplementedError
 
@@ -48,8 +49,9 @@ class EngineKind:
         """(node, rank) of every engine registered now."""
         raise NotImplementedError
 
-    def submit_all(self, client: Any, fn: Any, payloads: Iterable[bytes],
-                   retries: int) -> list[Future]:
+    def submit_all(
+        self, client: Any, fn: Any, payloads: Iterable[bytes], retries: int
+    ) -> list[Future]:
         """Submit ``fn(payload)`` for each payload, load-balanced; futures in input order."""
         raise NotImplementedError
 

@@ -18,9 +18,16 @@ def _security(tls_dir: Path | str | None):
     from distributed.security import Security
 
     cert, key = str(Path(tls_dir) / "tls-cert.pem"), str(Path(tls_dir) / "tls-key.pem")
-    return Security(tls_ca_file=cert, tls_client_cert=cert, tls_client_key=key,
-                    tls_worker_cert=cert, tls_worker_key=key, tls_scheduler_cert=cert,
-                    tls_scheduler_key=key, require_encryption=True)
+    return Security(
+        tls_ca_file=cert,
+        tls_client_cert=cert,
+        tls_client_key=key,
+        tls_worker_cert=cert,
+        tls_worker_key=key,
+        tls_scheduler_cert=cert,
+        tls_scheduler_key=key,
+        require_encryption=True,
+    )
 
 
 def make_certificate(cdir: Path) -> None:
@@ -28,17 +35,35 @@ def make_certificate(cdir: Path) -> None:
     import subprocess
 
     key, cert = cdir / "tls-key.pem", cdir / "tls-cert.pem"
-    cmd = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
-           "-subj", "/CN=jupyter-lounge", "-keyout", str(key), "-out", str(cert),
-           "-addext", "basicConstraints=critical,CA:TRUE"]
+    cmd = [
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "30",
+        "-subj",
+        "/CN=jupyter-lounge",
+        "-keyout",
+        str(key),
+        "-out",
+        str(cert),
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+    ]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise LoungeError(f"Could not make a TLS certificate with `openssl` ({e}); install "
-                          "openssl or start without --tls.") from None
+        raise LoungeError(
+            f"Could not make a TLS certificate with `openssl` ({e}); install "
+            "openssl or start without --tls."
+        ) from None
     if out.returncode != 0:
-        raise LoungeError(f"`openssl req` failed with exit code {out.returncode}: "
-                          f"{out.stderr.strip()}")
+        raise LoungeError(
+            f"`openssl req` failed with exit code {out.returncode}: {out.stderr.strip()}"
+        )
     key.chmod(0o600)
     cert.chmod(0o600)
 
@@ -65,9 +90,14 @@ class DaskEngines(EngineKind):
 
         async def serve() -> None:
             async with Worker(
-                address, name=name, nthreads=1, memory_limit=0, nanny=None,
+                address,
+                name=name,
+                nthreads=1,
+                memory_limit=0,
+                nanny=None,
                 security=_security(options.get("tls_dir")),
-                local_directory=options.get("local_directory"), validate=False,
+                local_directory=options.get("local_directory"),
+                validate=False,
             ) as worker:
                 await worker.finished()
 
@@ -75,15 +105,23 @@ class DaskEngines(EngineKind):
 
     def controller_command(self, cdir: Path, listen_ip: str, options: dict) -> list[str]:
         cmd = [
-            sys.executable, "-m", "distributed.cli.dask_scheduler",
-            f"--host={listen_ip}", "--port=0", "--no-dashboard",
+            sys.executable,
+            "-m",
+            "distributed.cli.dask_scheduler",
+            f"--host={listen_ip}",
+            "--port=0",
+            "--no-dashboard",
             f"--scheduler-file={cdir / 'scheduler.json'}",
         ]
         if options.get("tls"):
             make_certificate(cdir)
             cert, key = cdir / "tls-cert.pem", cdir / "tls-key.pem"
-            cmd += ["--protocol=tls", f"--tls-ca-file={cert}", f"--tls-cert={cert}",
-                    f"--tls-key={key}"]
+            cmd += [
+                "--protocol=tls",
+                f"--tls-ca-file={cert}",
+                f"--tls-cert={cert}",
+                f"--tls-key={key}",
+            ]
         return cmd
 
     def connection_files(self, cdir: Path) -> tuple[Path, Path]:
@@ -93,8 +131,12 @@ class DaskEngines(EngineKind):
         from distributed import Client
 
         try:
-            return Client(scheduler_file=str(cdir / "scheduler.json"), timeout=timeout,
-                          set_as_default=False, security=_security(cdir))
+            return Client(
+                scheduler_file=str(cdir / "scheduler.json"),
+                timeout=timeout,
+                set_as_default=False,
+                security=_security(cdir),
+            )
         except (TimeoutError, OSError) as e:
             raise LoungeTimeout(
                 f"could not connect to the Dask scheduler within {timeout:g} s "
@@ -122,8 +164,9 @@ class DaskEngines(EngineKind):
         if not workers:
             raise LoungeError("No engine is registered yet; wait with `%lounge status` and retry.")
         pending = {
-            client.submit(exec_cell, code, workers=[addr], allow_other_workers=False,
-                          pure=False): info.get("name", addr)
+            client.submit(
+                exec_cell, code, workers=[addr], allow_other_workers=False, pure=False
+            ): info.get("name", addr)
             for addr, info in workers.items()
         }
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -135,6 +178,7 @@ class DaskEngines(EngineKind):
                     end = "" if text.endswith("\n") else "\n"
                     print(f"[stdout:{name}] " + text, end=end, flush=True)
             if deadline is not None and time.monotonic() > deadline:
-                raise LoungeTimeout(f"The cell did not finish on every engine within "
-                                    f"{timeout:g} s.")
+                raise LoungeTimeout(
+                    f"The cell did not finish on every engine within {timeout:g} s."
+                )
             time.sleep(0.02)

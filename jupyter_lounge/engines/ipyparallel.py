@@ -44,13 +44,15 @@ class IPyParallelEngines(EngineKind):
         app.start()
 
     def controller_command(self, cdir: Path, listen_ip: str, options: dict) -> list[str]:
-        hb = int(options.get("heartbeat_ms", 500))
+        hb = int(options.get("heartbeat_ms", 150))
         return [
-            sys.executable, "-m", "ipyparallel.controller",
+            sys.executable,
+            "-m",
+            "ipyparallel.controller",
             f"--profile-dir={cdir / 'profile'}",
             f"--ip={listen_ip}",
             f"--HeartMonitor.period={hb}",
-            "--HeartMonitor.max_heartmonitor_misses=6",
+            "--HeartMonitor.max_heartmonitor_misses=20",  # ~3 s to declare an engine dead
             "--log-level=WARN",
         ] + (["--IPController.enable_curve=True"] if options.get("tls") else [])
 
@@ -98,7 +100,8 @@ class IPyParallelEngines(EngineKind):
             deadline = None if timeout is None else time.monotonic() + timeout
             while not ar.ready():
                 if deadline is not None and time.monotonic() > deadline:
-                    raise LoungeTimeout(f"the cell did not finish on every engine within "
-                                        f"{timeout:g} s.")
+                    raise LoungeTimeout(
+                        f"the cell did not finish on every engine within {timeout:g} s."
+                    )
                 ar.wait(0.1)
         ar.get()  # raise the engines' errors (ipyparallel's CompositeError shows each one)
