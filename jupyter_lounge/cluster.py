@@ -295,14 +295,17 @@ class Cluster:
         return self._client
 
     def registered(self) -> list[tuple[str, int]]:
-        return self.kind.registered(self.client) if self._client or self.status == "running" else []
+        """(node, rank) of every engine the controller has registered now; none before the
+        controller is connected or after it is gone."""
+        if not alive(self.controller_pid) or (self._client is None and self.status != "running"):
+            return []
+        return self.kind.registered(self.client)
 
     def nodes_status(self) -> list[dict]:
         """Per node: agent status, engines ready and wanted."""
         counts: dict[str, int] = {}
-        if alive(self.controller_pid) and (self._client is not None or self.status == "running"):
-            for node, _ in self.registered():
-                counts[node] = counts.get(node, 0) + 1
+        for node, _ in self.registered():
+            counts[node] = counts.get(node, 0) + 1
         rows = []
         for a in self.agents:
             report = state.read_json(a["files"]["report.json"]) or {}
@@ -324,7 +327,7 @@ class Cluster:
     def engines(self) -> list[dict]:
         """Per engine, as its node agent reports it: rank, node, pid, state, restarts, and
         whether the controller has it registered now."""
-        registered = set(self.registered()) if alive(self.controller_pid) else set()
+        registered = set(self.registered())
         rows = []
         for a in self.agents:
             report = state.read_json(a["files"]["report.json"]) or {}

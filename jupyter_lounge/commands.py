@@ -16,24 +16,23 @@ USAGE = """\
 %%lounge [NAME]                   (as a cell magic: run the cell on every engine)"""
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number above 0, not {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number above 0, not {value}")
-    return value
+def _positive(cast, what: str):
+    """An argparse type: a number above 0, or a message saying what was wrong."""
+
+    def convert(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what} above 0, not {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be {what} above 0, not {value:g}")
+        return value
+
+    return convert
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be above 0 seconds, not {value:g}")
-    return value
+positive_int = _positive(int, "a whole number")
+positive_float = _positive(float, "a number of seconds")
 
 
 class _Parser(argparse.ArgumentParser):

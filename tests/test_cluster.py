@@ -289,3 +289,41 @@ def test_engines_report_per_engine_state(pids_of):
         assert sorted(r["pid"] for r in rows) == sorted(pids_of(cluster))
     finally:
         cluster.stop_sync()
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        (
+            "import threading, time\n"
+            "threading.Thread(target=time.sleep, args=(60,), name='sneaky', daemon=True).start()\n",
+            "threads ['sneaky'] are running",
+        ),
+        ("import zmq\nctx = zmq.Context()\n", "a ZMQ context exists"),
+    ],
+)
+def test_preload_that_is_unsafe_to_fork_fails_loudly(
+    tmp_path, monkeypatch, lounge_dir, source, expected
+):
+    (tmp_path / "unsafe_mod.py").write_text(source)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    cluster = Lounge(2, preload="unsafe_mod", progress=False)
+    with pytest.raises(LoungeError) as info:
+        cluster.start_sync()
+    assert expected in str(info.value) and "--preload" in str(info.value)
+    assert processes_under(str(lounge_dir)) == []
+
+
+def test_async_api_in_a_running_loop():
+    import asyncio
+
+    async def main():
+        cluster = await Lounge(1, engines="dask", progress=False).start()
+        try:
+            await cluster.scale(2)
+            await cluster.wait_for_engines(2, timeout=60)
+            return len(cluster.registered())
+        finally:
+            await cluster.stop()
+
+    assert asyncio.run(main()) == 2

@@ -29,7 +29,7 @@ def test_gpu_round_robin():
         ("start -3", "above 0"),
         ("start x", "The number of engines must be a whole number above 0, not 'x'"),
         ("start 3 --frobnicate", "Unknown option --frobnicate"),
-        ("start 3 --timeout 0", "--timeout must be above 0 seconds"),
+        ("start 3 --timeout 0", "--timeout must be a number of seconds above 0, not 0"),
         ("start 3 --nodes none", "--nodes must be a whole number above 0"),
         ("scale zero", "The number of engines must be a whole number"),
     ],

@@ -14,6 +14,18 @@ from pathlib import Path
 from typing import Any
 
 
+def engine_name(node: str, rank: int, suffix: str = "") -> str:
+    """The name an engine registers under: node and rank, so clients can count per node."""
+    return f"{node}/{rank}" + (f"/{suffix}" if suffix else "")
+
+
+def parse_engine_name(name: str) -> tuple[str, int] | None:
+    parts = str(name).split("/")
+    if len(parts) >= 2 and parts[1].isdigit():
+        return parts[0], int(parts[1])
+    return None
+
+
 class EngineKind:
     name = ""
 
@@ -39,7 +51,21 @@ class EngineKind:
         """(file the engines read, file the client reads); both exist once it is ready."""
         raise NotImplementedError
 
+    controller_name = "controller"
+
     def connect(self, cdir: Path, timeout: float) -> Any:
+        """The stock client of this kind, or a LoungeTimeout naming the controller's log."""
+        from ..errors import LoungeTimeout
+
+        try:
+            return self._connect(cdir, timeout)
+        except (TimeoutError, OSError) as e:
+            raise LoungeTimeout(
+                f"could not connect to the {self.controller_name} within {timeout:g} s "
+                f"({type(e).__name__}: {e}); its log is {cdir / 'controller.log'}"
+            ) from None
+
+    def _connect(self, cdir: Path, timeout: float) -> Any:
         raise NotImplementedError
 
     def close(self, client: Any) -> None:

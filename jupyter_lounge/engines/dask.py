@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LoungeError, LoungeTimeout
-from .base import EngineKind
+from .base import EngineKind, engine_name, parse_engine_name
 
 
 def _security(tls_dir: Path | str | None):
@@ -70,6 +70,7 @@ def make_certificate(cdir: Path) -> None:
 
 class DaskEngines(EngineKind):
     name = "dask"
+    controller_name = "Dask scheduler"
 
     def agent_imports(self) -> None:
         import distributed.worker  # noqa: F401
@@ -86,7 +87,7 @@ class DaskEngines(EngineKind):
         from ..state import read_json
 
         address = read_json(connection_file)["address"]
-        name = f"{node}/{rank}" + (f"/r{restarts}" if restarts else "")
+        name = engine_name(node, rank, f"r{restarts}" if restarts else "")
 
         async def serve() -> None:
             async with Worker(
@@ -127,32 +128,22 @@ class DaskEngines(EngineKind):
     def connection_files(self, cdir: Path) -> tuple[Path, Path]:
         return cdir / "scheduler.json", cdir / "scheduler.json"
 
-    def connect(self, cdir: Path, timeout: float) -> Any:
+    def _connect(self, cdir: Path, timeout: float) -> Any:
         from distributed import Client
 
-        try:
-            return Client(
-                scheduler_file=str(cdir / "scheduler.json"),
-                timeout=timeout,
-                set_as_default=False,
-                security=_security(cdir),
-            )
-        except (TimeoutError, OSError) as e:
-            raise LoungeTimeout(
-                f"could not connect to the Dask scheduler within {timeout:g} s "
-                f"({type(e).__name__}: {e}); its log is {cdir / 'controller.log'}"
-            ) from None
+        return Client(
+            scheduler_file=str(cdir / "scheduler.json"),
+            timeout=timeout,
+            set_as_default=False,
+            security=_security(cdir),
+        )
 
     def close(self, client: Any) -> None:
         client.close(timeout=5)
 
     def registered(self, client: Any) -> list[tuple[str, int]]:
-        out = []
-        for info in client.scheduler_info(n_workers=-1)["workers"].values():
-            parts = str(info.get("name", "")).split("/")
-            rank = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else -1
-            out.append((parts[0], rank))
-        return out
+        workers = client.scheduler_info(n_workers=-1)["workers"].values()
+        return [parse_engine_name(w.get("name", "")) or ("?", -1) for w in workers]
 
     def submit_all(self, client, fn, payloads, retries):
         return [client.submit(fn, p, pure=False, retries=retries) for p in payloads]

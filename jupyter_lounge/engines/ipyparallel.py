@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LoungeError, LoungeTimeout
-from .base import EngineKind
+from .base import EngineKind, engine_name, parse_engine_name
 
 
 class IPyParallelEngines(EngineKind):
     name = "ipyparallel"
+    controller_name = "ipyparallel controller"
 
     def agent_imports(self) -> None:
         # The engine pulls ~140 modules (mostly ipykernel): import them once, here.
@@ -30,7 +31,7 @@ class IPyParallelEngines(EngineKind):
 
         app = IPEngine()
         # The identity carries node and rank, so the cluster can count engines per node.
-        app.ident = f"{node}/{rank}/{uuid.uuid4().hex[:8]}"
+        app.ident = engine_name(node, rank, uuid.uuid4().hex[:8])
         argv = [
             f"--IPEngine.url_file={connection_file}",
             "--IPEngine.enable_nanny=False",  # the agent already watches this engine
@@ -60,32 +61,17 @@ class IPyParallelEngines(EngineKind):
         sec = cdir / "profile" / "security"
         return sec / "ipcontroller-engine.json", sec / "ipcontroller-client.json"
 
-    def connect(self, cdir: Path, timeout: float) -> Any:
+    def _connect(self, cdir: Path, timeout: float) -> Any:
         import ipyparallel as ipp
 
-        client_file = self.connection_files(cdir)[1]
-        try:
-            return ipp.Client(str(client_file), timeout=timeout)
-        except (TimeoutError, OSError) as e:
-            raise LoungeTimeout(
-                f"could not connect to the ipyparallel controller within {timeout:g} s "
-                f"({type(e).__name__}: {e}); its log is {cdir / 'controller.log'}"
-            ) from None
+        return ipp.Client(str(self.connection_files(cdir)[1]), timeout=timeout)
 
     def close(self, client: Any) -> None:
         client.close(linger=0)
 
     def registered(self, client: Any) -> list[tuple[str, int]]:
-        out = []
         engines = dict(client._engines)  # id -> ident "node/rank/nonce"; copy: IO thread writes
-        for eid in client.ids:
-            ident = engines.get(eid, "")
-            parts = ident.split("/")
-            if len(parts) == 3 and parts[1].isdigit():
-                out.append((parts[0], int(parts[1])))
-            else:
-                out.append(("?", eid))
-        return out
+        return [parse_engine_name(engines.get(eid, "")) or ("?", eid) for eid in client.ids]
 
     def submit_all(self, client, fn, payloads, retries):
         view = client.load_balanced_view()
