@@ -59,9 +59,24 @@ def fork_safety_problem(thorough: bool = True) -> str | None:
     if zmq is not None:
         if getattr(zmq.Context, "_instance", None) is not None:
             return "a ZMQ context exists"
-        if thorough and any(isinstance(o, zmq.Context) for o in gc.get_objects()):
+        if thorough and _find_instance(zmq.Context):
             return "a ZMQ context exists"
     return None
+
+
+def _find_instance(cls: type) -> bool:
+    """Is there an instance of ``cls`` among GC-tracked objects or module globals? (A ZMQ
+    context is not GC-tracked, so the usual place, a module global, is searched too.)"""
+    if any(isinstance(o, cls) for o in gc.get_objects()):
+        return True
+    for module in list(sys.modules.values()):
+        try:
+            values = list(vars(module).values())
+        except TypeError:
+            continue
+        if any(isinstance(v, cls) for v in values):
+            return True
+    return False
 
 
 def _set_parent_death_signal() -> None:

@@ -73,7 +73,19 @@ class DaskEngines(EngineKind):
     controller_name = "Dask scheduler"
 
     def agent_imports(self) -> None:
-        import distributed.worker  # noqa: F401
+        # The worker and what it imports as it starts (its HTTP routes): once, here.
+        import importlib
+
+        for module in (
+            "distributed.worker",
+            "distributed.http.worker.prometheus",
+            "distributed.http.health",
+            "distributed.http.statics",
+            "tornado.platform.asyncio",
+            "email.policy",
+            "secrets",
+        ):
+            importlib.import_module(module)
 
     def probe_address(self, connection: dict) -> tuple[str, int]:
         host, port = connection["address"].split("://", 1)[1].rsplit(":", 1)

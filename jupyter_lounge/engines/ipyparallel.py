@@ -17,10 +17,25 @@ class IPyParallelEngines(EngineKind):
     controller_name = "ipyparallel controller"
 
     def agent_imports(self) -> None:
-        # The engine pulls ~140 modules (mostly ipykernel): import them once, here.
+        # The engine pulls ~300 modules (ipykernel, and debugpy for the kernel's debugger,
+        # imported when the kernel starts): import them once, here, not in every engine.
+        import os
+
+        os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+        import code  # noqa: F401
+        import pydoc  # noqa: F401
+        import runpy  # noqa: F401
+        import sqlite3  # noqa: F401
+
+        import ipykernel.debugger  # noqa: F401
         import ipykernel.ipkernel  # noqa: F401
         import ipyparallel.engine.app  # noqa: F401
         import ipyparallel.serialize  # noqa: F401
+        import IPython.core.completerlib  # noqa: F401
+        import IPython.core.oinspect  # noqa: F401
+        import IPython.extensions.storemagic  # noqa: F401
+        import IPython.utils.wildcard  # noqa: F401
+        import tornado.platform.asyncio  # noqa: F401
 
     def probe_address(self, connection: dict) -> tuple[str, int]:
         host = connection["interface"].split("://", 1)[1]
