@@ -34,4 +34,20 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     loop = _background_loop()
     if running is loop:
         raise RuntimeError("run_sync called from the lounge loop itself; await the coroutine")
-    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+    finished = threading.Event()
+
+    async def runner() -> T:
+        try:
+            return await coro
+        finally:
+            finished.set()
+
+    future = asyncio.run_coroutine_threadsafe(runner(), loop)
+    try:
+        return future.result()
+    except KeyboardInterrupt:
+        # An interrupted start must not go on starting in the background: cancel it and
+        # let its clean-up (which stops whatever it had started) finish first.
+        future.cancel()
+        finished.wait(60)
+        raise

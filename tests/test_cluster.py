@@ -327,3 +327,15 @@ def test_async_api_in_a_running_loop():
             await cluster.stop()
 
     assert asyncio.run(main()) == 2
+
+
+def test_interrupted_start_cleans_up(lounge_dir):
+    cluster = Lounge(2, preload="tensorflow", progress=False, wait=True)
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        cluster.start_sync()
+    timer.join()
+    assert cluster.status == "stopped"
+    assert state.list_states() == []
+    assert processes_under(str(lounge_dir)) == []
