@@ -320,6 +320,11 @@ class Cluster:
                     "target": len(a["ranks"]),
                     "pid": a["pid"],
                     "error": report.get("error"),
+                    "launch": ", ".join(
+                        f"{phase} {sec:.1f}s"
+                        for phase, sec in report.get("timings", [])
+                        if sec >= 0.05
+                    ),
                 }
             )
         return rows

@@ -135,7 +135,9 @@ def format_status(status: dict) -> str:
     return (
         head
         + "\n"
-        + format_table(status["nodes"], ["node", "status", "ready", "target", "pid", "error"])
+        + format_table(
+            status["nodes"], ["node", "status", "ready", "target", "pid", "launch", "error"]
+        )
     )
 
 

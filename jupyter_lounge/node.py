@@ -118,6 +118,13 @@ class NodeAgent:
         self._control_mtime = 0.0
         self._hup = False
         self._next_index = 0
+        self.timings: list[tuple[str, float]] = []  # seconds per launch phase, in order
+        self._t0 = time.monotonic()
+
+    def _lap(self, phase: str) -> None:
+        now = time.monotonic()
+        self.timings.append((phase, round(now - self._t0, 3)))
+        self._t0 = now
 
     # -- reporting ---------------------------------------------------------------------------
     def report(self) -> None:
@@ -131,6 +138,7 @@ class NodeAgent:
                 "error": self.error,
                 "engines": self.engines,
                 "time": time.time(),
+                "timings": self.timings,
             },
         )
 
@@ -145,9 +153,11 @@ class NodeAgent:
     def preload(self) -> None:
         self.status = "preloading"
         self.report()
+        self._lap("start")
         for module in self.spec.get("preload", []):
             try:
                 importlib.import_module(module)
+                self._lap(f"import {module}")
             except BaseException as e:  # noqa: BLE001 - any import failure is the user's to see
                 self.fail(
                     f"preload module {module!r} failed to import on node {self.node!r}: "
@@ -160,6 +170,7 @@ class NodeAgent:
                 f"engine kind {self.kind.name!r} cannot be imported on node "
                 f"{self.node!r}: {type(e).__name__}: {e}"
             )
+        self._lap("engine_imports")
 
     def wait_for_controller(self) -> None:
         self.status = "waiting-controller"
@@ -334,12 +345,15 @@ class NodeAgent:
         signal.signal(signal.SIGHUP, self._on_hup)
         self.preload()
         self.wait_for_controller()
+        self._lap("wait_controller")
         gc.collect()
         gc.freeze()
+        self._lap("gc_freeze")
         self.read_control()
         for rank in self.wanted:
             if str(rank) not in self.engines or self.engines[str(rank)].get("state") != "running":
                 self.fork_engine(rank)
+        self._lap("fork")
         self.status = "running"
         self.report()
         next_probe, misses = time.monotonic() + PROBE_EVERY_S, 0
