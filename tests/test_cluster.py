@@ -339,3 +339,33 @@ def test_interrupted_start_cleans_up(lounge_dir):
     assert cluster.status == "stopped"
     assert state.list_states() == []
     assert processes_under(str(lounge_dir)) == []
+
+
+def test_each_engine_gets_its_own_gpu_and_identity():
+    # This machine has no GPU: name two, so the pinning the agent does is visible in the
+    # engines' environment (the GPU library reads it when first used, after the fork).
+    cluster = Lounge(5, gpus=["0", "1"], engines_per_gpu=2, wait=True, progress=False)
+    cluster.start_sync()
+    try:
+
+        def identity():
+            import os
+
+            return (
+                int(os.environ["LOUNGE_RANK"]),
+                os.environ["LOUNGE_SIZE"],
+                os.environ["LOUNGE_NODE"],
+                os.environ["CUDA_VISIBLE_DEVICES"],
+            )
+
+        got = sorted(run_everywhere(cluster, identity))
+        node = cluster.backend.node_names(1)[0]
+        assert got == [
+            (0, "5", node, "0"),
+            (1, "5", node, "1"),
+            (2, "5", node, "0"),
+            (3, "5", node, "1"),
+            (4, "5", node, ""),
+        ]
+    finally:
+        cluster.stop_sync()
