@@ -74,6 +74,7 @@ class Cluster:
         self.agents: list[dict] = []
         self.controller_pid: int | None = None
         self.next_rank = 0
+        self.next_alloc = 0
         self.created = time.time()
         self.status = "new"
         self._client = None
@@ -96,6 +97,7 @@ class Cluster:
             "agents": self.agents,
             "controller_pid": self.controller_pid,
             "next_rank": self.next_rank,
+            "next_alloc": self.next_alloc,
             "created": self.created,
             "gpus": self.gpus,
             "engines_per_gpu": self.engines_per_gpu,
@@ -131,11 +133,8 @@ class Cluster:
             stop_at_exit=False,
         )
         self.agents, self.controller_pid = data["agents"], data["controller_pid"]
-        self.next_rank, self.created, self.status = (
-            data["next_rank"],
-            data["created"],
-            data["status"],
-        )
+        self.next_rank, self.next_alloc = data["next_rank"], data.get("next_alloc", 1)
+        self.created, self.status = data["created"], data["status"]
         global _current
         _current = self
         return self
@@ -179,11 +178,7 @@ class Cluster:
         )
         self.controller_pid = spawn(cmd, log).pid
         self.save()
-        ranks = self._split(range(self.n), self.nodes)
-        self.next_rank = self.n
-        for node, node_ranks in zip(self.backend.node_names(self.nodes), ranks):
-            await self._place_agent(node, node_ranks)
-        self.save()
+        await self._place(self.n, self.nodes)
         self._show_progress()
         engine_file, client_file = self.kind.connection_files(cdir)
         await self._wait_for(
@@ -199,45 +194,57 @@ class Cluster:
         self.status = "running"
         self.save()
 
-    async def _place_agent(self, node: str, ranks: list[int]) -> None:
+    async def _place(self, count: int, nodes: int | None) -> None:
+        """Place the agents for ``count`` more engines (one allocation) and start them."""
         cdir = self.dir
-        files = {
-            k: str(cdir / f"agent-{node}.{k}")
-            for k in ("spec.json", "control.json", "report.json", "log")
-        }
-        state.write_json(files["control.json"], {"ranks": ranks, "size": self.n})
-        state.write_json(
-            files["spec.json"],
-            {
-                "cluster": self.name,
-                "node": node,
-                "engine_kind": self.kind.name,
-                "preload": self.preload,
-                "ranks": ranks,
-                "size": self.n,
-                "connection_file": str(self.kind.connection_files(cdir)[0]),
-                "control_file": files["control.json"],
-                "report_file": files["report.json"],
-                "gpus": self.gpus,
-                "engines_per_gpu": self.engines_per_gpu,
-                "restart": self.restart,
-                "connect_timeout": 60,
-                "engine_options": {
-                    "profile_dir": str(cdir / "profile"),
-                    "local_directory": str(cdir / "dask-worker-space"),
-                    "tls_dir": str(cdir) if self.tls else None,
-                },
-            },
-        )
-        handle = await self.backend.start_agent(node, Path(files["spec.json"]), Path(files["log"]))
-        handle.update(ranks=list(ranks), files=files)
-        self.agents.append(handle)
+        alloc, agents = self.next_alloc, []
+        self.next_alloc += 1
+        for task, (node, k) in enumerate(self.backend.plan(count, nodes)):
+            ranks = list(range(self.next_rank, self.next_rank + k))
+            self.next_rank += k
+            key = f"{alloc}.{task}"
+            files = {
+                f: str(cdir / f"agent-{key}.{f}") for f in ("spec", "control", "report", "log")
+            }
+            state.write_json(files["control"], {"ranks": ranks, "size": self.n})
+            state.write_json(files["spec"], self._agent_spec(node, ranks, files))
+            agents.append(
+                {
+                    "key": key,
+                    "alloc": alloc,
+                    "task": task,
+                    "node": node,
+                    "ranks": ranks,
+                    "files": files,
+                }
+            )
+        self.agents += agents
+        self.save()
+        await self.backend.place(agents, cdir, self.name)
         self.save()
 
-    @staticmethod
-    def _split(ranks, parts: int) -> list[list[int]]:
-        ranks = list(ranks)
-        return [ranks[i::parts] for i in range(parts)]
+    def _agent_spec(self, node: str | None, ranks: list[int], files: dict) -> dict:
+        cdir = self.dir
+        return {
+            "cluster": self.name,
+            "node": node,
+            "engine_kind": self.kind.name,
+            "preload": self.preload,
+            "ranks": ranks,
+            "size": self.n,
+            "connection_file": str(self.kind.connection_files(cdir)[0]),
+            "control_file": files["control"],
+            "report_file": files["report"],
+            "gpus": self.gpus,
+            "engines_per_gpu": self.engines_per_gpu,
+            "restart": self.restart,
+            "connect_timeout": max(60, self.timeout),
+            "engine_options": {
+                "profile_dir": str(cdir / "profile"),
+                "local_directory": str(cdir / "dask-worker-space"),
+                "tls_dir": str(cdir) if self.tls else None,
+            },
+        }
 
     # -- waiting -------------------------------------------------------------------------------
     def _check_controller(self) -> None:
@@ -249,14 +256,19 @@ class Cluster:
 
     def _check_agents(self) -> None:
         for a in self.agents:
-            report = state.read_json(a["files"]["report.json"]) or {}
+            report = state.read_json(a["files"]["report"]) or {}
             if report.get("status") == "failed":
-                raise LoungeError(report.get("error") or f"node agent on {a['node']} failed")
-            if not self.backend.agent_alive(a) and report.get("status") not in ("stopped",):
+                raise LoungeError(report.get("error") or f"node agent {a['key']} failed")
+            how, why = self.backend.agent_state(a)
+            if how == "lost" and report.get("status") != "stopped":
                 raise LoungeError(
-                    f"The node agent on {a['node']!r} exited: "
+                    f"The node agent on {self._node_label(a, report)} is gone ({why}): "
                     f"{tail(a['files']['log'], 3) or 'no output'}"
                 )
+
+    @staticmethod
+    def _node_label(agent: dict, report: dict) -> str:
+        return agent.get("node") or report.get("node") or f"agent {agent['key']}"
 
     async def _wait_for(self, ready, timeout: float, what: str, check=None) -> None:
         deadline = time.monotonic() + timeout
@@ -308,18 +320,22 @@ class Cluster:
             counts[node] = counts.get(node, 0) + 1
         rows = []
         for a in self.agents:
-            report = state.read_json(a["files"]["report.json"]) or {}
-            status = report.get("status", "starting")
-            if not self.backend.agent_alive(a) and status not in ("stopped", "failed"):
-                status = "lost"
+            report = state.read_json(a["files"]["report"]) or {}
+            node = self._node_label(a, report)
+            status, error = report.get("status", "starting"), report.get("error")
+            how, why = self.backend.agent_state(a)
+            if how == "pending":
+                status = f"pending ({why})"
+            elif how == "lost" and status not in ("stopped", "failed"):
+                status, error = "lost", error or why
             rows.append(
                 {
-                    "node": a["node"],
+                    "node": node,
                     "status": status,
-                    "ready": counts.get(a["node"], 0),
+                    "ready": counts.get(node, 0),
                     "target": len(a["ranks"]),
-                    "pid": a["pid"],
-                    "error": report.get("error"),
+                    "pid": a.get("pid") or a.get("job"),
+                    "error": error,
                     "launch": ", ".join(
                         f"{phase} {sec:.1f}s"
                         for phase, sec in report.get("timings", [])
@@ -335,17 +351,18 @@ class Cluster:
         registered = set(self.registered())
         rows = []
         for a in self.agents:
-            report = state.read_json(a["files"]["report.json"]) or {}
-            lost = not self.backend.agent_alive(a)
+            report = state.read_json(a["files"]["report"]) or {}
+            node = self._node_label(a, report)
+            lost = self.backend.agent_state(a)[0] == "lost"
             for rank, e in sorted(report.get("engines", {}).items(), key=lambda kv: int(kv[0])):
                 rows.append(
                     {
                         "rank": int(rank),
-                        "node": a["node"],
+                        "node": node,
                         "pid": e.get("pid"),
                         "state": "lost" if lost and e.get("state") == "running" else e.get("state"),
                         "restarts": e.get("restarts", 0),
-                        "registered": (a["node"], int(rank)) in registered,
+                        "registered": (node, int(rank)) in registered,
                     }
                 )
         return rows
@@ -373,18 +390,34 @@ class Cluster:
             raise LoungeError(f"Cluster {self.name!r} is {self.status}, not running.")
         self.n = n
         have = sorted((r, i) for i, a in enumerate(self.agents) for r in a["ranks"])
-        if len(have) > n:
-            for rank, i in have[n:]:
-                self.agents[i]["ranks"].remove(rank)
-        while sum(len(a["ranks"]) for a in self.agents) < n:
-            smallest = min(self.agents, key=lambda a: len(a["ranks"]))
-            smallest["ranks"].append(self.next_rank)
-            self.next_rank += 1
-        self.save()
+        for rank, i in have[n:]:
+            self.agents[i]["ranks"].remove(rank)
+        missing = n - len(have)
+        if missing > 0 and self.backend.grows_in_place:
+            for _ in range(missing):
+                smallest = min(self.agents, key=lambda a: len(a["ranks"]))
+                smallest["ranks"].append(self.next_rank)
+                self.next_rank += 1
         for a in self.agents:
-            state.write_json(a["files"]["control.json"], {"ranks": a["ranks"], "size": n})
-            await self.backend.nudge_agent(a)
+            state.write_json(a["files"]["control"], {"ranks": a["ranks"], "size": n})
+            await self.backend.nudge(a)
+        if missing > 0 and not self.backend.grows_in_place:
+            await self._place(missing, None)  # a further allocation, never one per engine
+        await self._release_empty()
+        self.save()
         self._show_progress()
+
+    async def _release_empty(self) -> None:
+        """Release every allocation whose agents have no engine left to run."""
+        allocs: dict[int, list[dict]] = {}
+        for a in self.agents:
+            allocs.setdefault(a.get("alloc", 0), []).append(a)
+        empty = [
+            a for group in allocs.values() if not any(x["ranks"] for x in group) for a in group
+        ]
+        if empty and not self.backend.grows_in_place:
+            await self.backend.release(empty, 5.0)
+            self.agents = [a for a in self.agents if a not in empty]
 
     async def stop(self) -> None:
         """Stop every engine, agent and the controller; leave nothing of this cluster behind."""
@@ -392,8 +425,8 @@ class Cluster:
         if state.state_path(self.name).exists():
             self.save()
         for a in self.agents:
-            state.write_json(a["files"]["control.json"], {"stop": True})
-        await asyncio.gather(*(self.backend.stop_agent(a, 5.0) for a in self.agents))
+            state.write_json(a["files"]["control"], {"stop": True})
+        await self.backend.release(self.agents, 5.0)
         if self._client is not None:
             try:
                 await asyncio.wait_for(asyncio.to_thread(self.kind.close, self._client), 10)

@@ -105,7 +105,7 @@ class NodeAgent:
         if self.spec is None:
             raise SystemExit(f"node agent: cannot read spec file {spec_path}")
         s = self.spec
-        self.node = s["node"]
+        self.node = s.get("node") or socket.gethostname().split(".")[0]
         self.kind = engine_kind(s["engine_kind"])
         self.report_path = s["report_file"]
         self.control_path = s["control_file"]
@@ -376,7 +376,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         raise SystemExit("usage: python -m jupyter_lounge.node SPEC.json")
-    NodeAgent(argv[0]).run()
+    # One command for every task of a Slurm step: "{task}" is this task's number.
+    NodeAgent(argv[0].replace("{task}", os.environ.get("SLURM_PROCID", "0"))).run()
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def pids_of():
     def engine_pids(cluster) -> list[int]:
         pids = []
         for agent in cluster.agents:
-            report = state.read_json(agent["files"]["report.json"]) or {}
+            report = state.read_json(agent["files"]["report"]) or {}
             pids += [
                 e["pid"] for e in report.get("engines", {}).values() if e.get("state") == "running"
             ]

@@ -45,7 +45,7 @@ def test_start_map_scale_stop(kind, lounge_dir):
         assert current() is cluster
         # preload visible before any task imported it: the first thing the engines run
         assert run_everywhere(cluster, modules_seen) == [["json", "numpy"]] * 3
-        nodes = cluster.backend.node_names(2)
+        nodes = [node for node, _ in cluster.backend.plan(3, 2)]
         assert sorted(n for n, _ in cluster.registered()) == [nodes[0], nodes[0], nodes[1]]
 
         df = cluster.map(lambda x: x * x, range(10), progress=False)
@@ -114,7 +114,7 @@ def test_engine_killed_mid_map_loses_nothing(kind, pids_of):
         assert victim not in pids_of(cluster)
         wait_until(lambda: len(pids_of(cluster)) == 3, 10, "the killed engine's replacement")
         cluster.wait_for_engines_sync(3, timeout=60)
-        report = state.read_json(cluster.agents[0]["files"]["report.json"])
+        report = state.read_json(cluster.agents[0]["files"]["report"])
         assert sum(e["restarts"] for e in report["engines"].values()) == 1
     finally:
         cluster.stop_sync()
@@ -128,9 +128,7 @@ def test_agent_killed_takes_its_engines_and_is_reported(kind, pids_of):
             p
             for p in pids_of(cluster)
             if p
-            in {
-                e["pid"] for e in state.read_json(agent["files"]["report.json"])["engines"].values()
-            }
+            in {e["pid"] for e in state.read_json(agent["files"]["report"])["engines"].values()}
         ]
         assert len(engines) == 2
         os.kill(agent["pid"], signal.SIGKILL)
@@ -251,7 +249,7 @@ def test_controller_lost_takes_engines_down(kind, pids_of):
         os.killpg(cluster.controller_pid, signal.SIGKILL)
         agent = cluster.agents[0]
         wait_until(lambda: not alive(agent["pid"]), 20, "the agent to notice its controller left")
-        report = state.read_json(agent["files"]["report.json"])
+        report = state.read_json(agent["files"]["report"])
         assert report["status"] == "controller-lost"
         assert not any(alive(p) for p in engines)
     finally:
@@ -359,7 +357,7 @@ def test_each_engine_gets_its_own_gpu_and_identity():
             )
 
         got = sorted(run_everywhere(cluster, identity))
-        node = cluster.backend.node_names(1)[0]
+        node = cluster.backend.plan(5, 1)[0][0]
         assert got == [
             (0, "5", node, "0"),
             (1, "5", node, "1"),

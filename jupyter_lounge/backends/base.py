@@ -1,7 +1,9 @@
-"""The backend contract: place one node agent per node, nudge it, stop it, say if it lives.
+"""The backend contract: place node agents, nudge them, say how they are, release them.
 
-Every method that can block is ``async``. An agent handle is a plain dict (it is saved in the
-cluster's state file so another process can stop the agent): at least ``node`` and ``pid``.
+Every method that can block is ``async``. An agent is a plain dict (saved in the cluster's
+state file so another process can find and stop it): ``key``, ``node`` (None until the
+agent reports where it runs), ``ranks``, ``files`` (spec, control, report, log paths), plus
+whatever the backend adds to find it again (a pid, a Slurm job id).
 """
 
 from __future__ import annotations
@@ -11,29 +13,43 @@ from pathlib import Path
 
 class Backend:
     name = ""
+    #: True: scale up by adding ranks to the agents already placed (they fork more engines).
+    #: False: scale up by placing new agents (a new allocation).
+    grows_in_place = True
 
     def __init__(self, **options):
         self.options = options
 
-    def node_names(self, count: int) -> list[str]:
-        """Names of the nodes to place ``count`` agents on."""
+    def plan(self, n: int, nodes: int | None) -> list[tuple[str | None, int]]:
+        """(node name or None when the backend picks it, engine count) for each agent to
+        place for ``n`` engines."""
         raise NotImplementedError
 
     def listen_ip(self) -> str:
         """Where the controller listens so that every node can reach it."""
         raise NotImplementedError
 
-    async def start_agent(self, node: str, spec: Path, log: Path) -> dict:
-        """Start the node agent for ``spec`` on ``node``; return its handle."""
+    def agent_command(self, spec: str) -> list[str]:
+        import sys
+
+        return [sys.executable, "-m", "jupyter_lounge.node", spec]
+
+    async def place(self, agents: list[dict], cdir: Path, cluster: str) -> None:
+        """Start these agents (their spec files are written); record how to find them."""
         raise NotImplementedError
 
-    async def nudge_agent(self, handle: dict) -> None:
-        """Tell the agent to re-read its control file now."""
+    async def nudge(self, agent: dict) -> None:
+        """Tell the agent to re-read its control file now (it also polls it)."""
+
+    async def release(self, agents: list[dict], grace: float) -> None:
+        """Stop these agents and every engine they forked, and free what held them; return
+        when none is left."""
         raise NotImplementedError
 
-    async def stop_agent(self, handle: dict, grace: float) -> None:
-        """Stop the agent and every engine it forked; return when none is left."""
+    def agent_state(self, agent: dict) -> tuple[str, str]:
+        """("alive" | "pending" | "lost", a reason a person can read)."""
         raise NotImplementedError
 
-    def agent_alive(self, handle: dict) -> bool:
-        raise NotImplementedError
+    def describe(self) -> dict:
+        """The options this backend runs with, for status displays."""
+        return dict(self.options)

@@ -3,10 +3,10 @@ so stopping one group takes down the agent and every engine it forked."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
-import sys
 from pathlib import Path
 
 from ..procs import alive, kill_group, spawn
@@ -15,28 +15,36 @@ from .base import Backend
 
 class LocalBackend(Backend):
     name = "local"
+    grows_in_place = True
 
-    def node_names(self, count: int) -> list[str]:
+    def plan(self, n: int, nodes: int | None) -> list[tuple[str | None, int]]:
+        nodes = nodes or 1
         host = socket.gethostname().split(".")[0] or "localhost"
-        return [host] if count == 1 else [f"{host}-{i}" for i in range(count)]
+        names = [host] if nodes == 1 else [f"{host}-{i}" for i in range(nodes)]
+        return [(name, len(range(i, n, nodes))) for i, name in enumerate(names)]
 
     def listen_ip(self) -> str:
         return "127.0.0.1"
 
-    async def start_agent(self, node: str, spec: Path, log: Path) -> dict:
+    async def place(self, agents: list[dict], cdir: Path, cluster: str) -> None:
         env = dict(os.environ)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        proc = spawn([sys.executable, "-m", "jupyter_lounge.node", str(spec)], log, env=env)
-        return {"node": node, "pid": proc.pid, "host": socket.gethostname()}
+        for agent in agents:
+            proc = spawn(
+                self.agent_command(agent["files"]["spec"]), Path(agent["files"]["log"]), env=env
+            )
+            agent.update(pid=proc.pid, host=socket.gethostname())
 
-    async def nudge_agent(self, handle: dict) -> None:
+    async def nudge(self, agent: dict) -> None:
         try:
-            os.kill(handle["pid"], signal.SIGHUP)
-        except ProcessLookupError:
+            os.kill(agent["pid"], signal.SIGHUP)
+        except (ProcessLookupError, KeyError):
             pass
 
-    async def stop_agent(self, handle: dict, grace: float) -> None:
-        await kill_group(handle["pid"], grace=grace)
+    async def release(self, agents: list[dict], grace: float) -> None:
+        await asyncio.gather(*(kill_group(a.get("pid"), grace=grace) for a in agents))
 
-    def agent_alive(self, handle: dict) -> bool:
-        return alive(handle["pid"])
+    def agent_state(self, agent: dict) -> tuple[str, str]:
+        if alive(agent.get("pid")):
+            return "alive", ""
+        return "lost", f"node agent process {agent.get('pid')} is gone"
