@@ -45,7 +45,7 @@ class Cluster:
         engines: str = "ipyparallel",
         backend: str = "local",
         preload: list[str] | str = (),
-        nodes: int = 1,
+        nodes: int | None = None,
         wait: bool = False,
         timeout: float = 120.0,
         restart: bool = True,
@@ -55,17 +55,20 @@ class Cluster:
         tls: bool = False,
         progress: bool | None = None,
         stop_at_exit: bool = True,
+        **backend_options,
     ):
         self.n = _positive_int(n, "The number of engines")
-        self.nodes = _positive_int(nodes, "The number of nodes")
+        self.nodes = None if nodes is None else _positive_int(nodes, "The number of nodes")
         self.kind = engine_kind(engines)
-        self.backend = make_backend(backend)
+        self.backend = make_backend(backend, **backend_options)
         if isinstance(preload, str):
             preload = [m for m in preload.split(",") if m.strip()]
         self.preload = [m.strip() for m in preload]
         self.name = state.check_name(name) if name else self._free_name()
         self.wait, self.timeout, self.restart = wait, float(timeout), restart
-        self.gpus = [str(g) for g in gpus] if gpus is not None else _detect_gpus()
+        self.gpus = (
+            None if gpus is None else [str(g) for g in gpus]
+        )  # None: each node finds its own
         self.engines_per_gpu = engines_per_gpu
         self.heartbeat_ms = heartbeat_ms
         self.tls = bool(tls)
@@ -90,6 +93,7 @@ class Cluster:
             "name": self.name,
             "engines": self.kind.name,
             "backend": self.backend.name,
+            "backend_options": self.backend.options,
             "n": self.n,
             "nodes": self.nodes,
             "preload": self.preload,
@@ -131,6 +135,7 @@ class Cluster:
             timeout=data["timeout"],
             tls=data.get("tls", False),
             stop_at_exit=False,
+            **data.get("backend_options", {}),
         )
         self.agents, self.controller_pid = data["agents"], data["controller_pid"]
         self.next_rank, self.next_alloc = data["next_rank"], data.get("next_alloc", 1)
@@ -174,7 +179,9 @@ class Cluster:
         cdir = self.dir
         log = cdir / "controller.log"
         cmd = self.kind.controller_command(
-            cdir, self.backend.listen_ip(), {"heartbeat_ms": self.heartbeat_ms, "tls": self.tls}
+            cdir,
+            self.backend.listen_address(),
+            {"heartbeat_ms": self.heartbeat_ms, "tls": self.tls},
         )
         self.controller_pid = spawn(cmd, log).pid
         self.save()
@@ -314,10 +321,8 @@ class Cluster:
         return self.kind.registered(self.client)
 
     def nodes_status(self) -> list[dict]:
-        """Per node: agent status, engines ready and wanted."""
-        counts: dict[str, int] = {}
-        for node, _ in self.registered():
-            counts[node] = counts.get(node, 0) + 1
+        """Per node agent: its node, status, engines ready and wanted."""
+        ranks = {rank for _, rank in self.registered()}  # ranks are unique in a cluster
         rows = []
         for a in self.agents:
             report = state.read_json(a["files"]["report"]) or {}
@@ -332,7 +337,7 @@ class Cluster:
                 {
                     "node": node,
                     "status": status,
-                    "ready": counts.get(node, 0),
+                    "ready": len(ranks.intersection(a["ranks"])),
                     "target": len(a["ranks"]),
                     "pid": a.get("pid") or a.get("job"),
                     "error": error,
@@ -348,7 +353,7 @@ class Cluster:
     def engines(self) -> list[dict]:
         """Per engine, as its node agent reports it: rank, node, pid, state, restarts, and
         whether the controller has it registered now."""
-        registered = set(self.registered())
+        registered = {rank for _, rank in self.registered()}
         rows = []
         for a in self.agents:
             report = state.read_json(a["files"]["report"]) or {}
@@ -362,7 +367,7 @@ class Cluster:
                         "pid": e.get("pid"),
                         "state": "lost" if lost and e.get("state") == "running" else e.get("state"),
                         "restarts": e.get("restarts", 0),
-                        "registered": (node, int(rank)) in registered,
+                        "registered": int(rank) in registered,
                     }
                 )
         return rows
@@ -466,6 +471,13 @@ class Cluster:
         if self._display is None or self._display.done:
             self._display = LaunchProgress(self, use_widget=self.progress)
 
+    def job_script(self) -> str:
+        """The batch script ``start`` (or the next scale-up) submits, for backends that
+        submit one (Slurm): read it before anything is submitted."""
+        if not hasattr(self.backend, "job_script"):
+            raise LoungeError(f"The {self.backend.name} backend submits no job script.")
+        return self.backend.job_script(self.name, self.n, self.dir, self.next_alloc, self.nodes)
+
     # -- sync twins ----------------------------------------------------------------------------
     def start_sync(self) -> Cluster:
         return run_sync(self.start())
@@ -478,22 +490,3 @@ class Cluster:
 
     def wait_for_engines_sync(self, n: int | None = None, timeout: float | None = None) -> None:
         run_sync(self.wait_for_engines(n, timeout))
-
-
-def _detect_gpus() -> list[str]:
-    """GPU indices on this machine from nvidia-smi, or none."""
-    import shutil
-    import subprocess
-
-    if not shutil.which("nvidia-smi"):
-        return []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip().isdigit()]

@@ -9,8 +9,11 @@ import time
 from .errors import LoungeError
 
 USAGE = """\
-%lounge start N [--engines ipyparallel|dask] [--backend local] [--nodes M] [--name NAME]
+%lounge start N [--engines ipyparallel|dask] [--backend local|slurm] [--nodes M] [--name NAME]
                [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart] [--tls]
+               Slurm: [--partition P] [--account A] [--qos Q] [--time 1:00:00]
+               [--engines-per-node K] [--cpus-per-engine C] [--mem-per-engine 2G]
+               [--gpus-per-node G] [--sbatch DIRECTIVE ...]
 %lounge scale N [--name NAME]     %lounge status [NAME]     %lounge list
 %lounge stop [NAME]               %lounge attach NAME
 %%lounge [NAME]                   (as a cell magic: run the cell on every engine)"""
@@ -77,6 +80,20 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     start.add_argument("--timeout", type=positive_float, default=120.0)
     start.add_argument("--no-restart", dest="restart", action="store_false")
     start.add_argument("--tls", action="store_true")
+    slurm = {
+        "--partition": str,
+        "--account": str,
+        "--qos": str,
+        "--time": str,
+        "--engines-per-node": positive_int,
+        "--cpus-per-engine": positive_int,
+        "--mem-per-engine": str,
+        "--gpus-per-node": int,
+    }
+    for flag, kind in slurm.items():
+        dest = "time_limit" if flag == "--time" else flag[2:].replace("-", "_")
+        start.add_argument(flag, dest=dest, type=kind, default=None)
+    start.add_argument("--sbatch", dest="extra_directives", action="append", default=None)
     scale = sub.add_parser("scale", add_help=False)
     scale.add_argument("n", type=positive_int)
     scale.add_argument("--name")
@@ -103,8 +120,22 @@ def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
     return build_parser(prog).parse_args(words)
 
 
+BACKEND_OPTIONS = (
+    "partition",
+    "account",
+    "qos",
+    "time_limit",
+    "engines_per_node",
+    "cpus_per_engine",
+    "mem_per_engine",
+    "gpus_per_node",
+    "extra_directives",
+)
+
+
 def start_options(args: argparse.Namespace) -> dict:
-    return {
+    backend_options = {k: getattr(args, k) for k in BACKEND_OPTIONS if getattr(args, k) is not None}
+    return backend_options | {
         "name": args.name,
         "engines": args.engines,
         "backend": args.backend,

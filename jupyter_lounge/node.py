@@ -44,6 +44,29 @@ def gpu_for(local_index: int, gpus: list[str], engines_per_gpu: int) -> str | No
     return str(gpus[local_index % len(gpus)])
 
 
+def detect_gpus() -> list[str]:
+    """This node's GPUs: those Slurm (or the user) granted in CUDA_VISIBLE_DEVICES, else
+    every GPU nvidia-smi lists, else none."""
+    granted = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if granted is not None:
+        return [g for g in granted.split(",") if g.strip()]
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip().isdigit()]
+
+
 def fork_safety_problem(thorough: bool = True) -> str | None:
     """Why forking now would be unsafe (a thread or a ZMQ context exists), or None.
 
@@ -106,6 +129,7 @@ class NodeAgent:
             raise SystemExit(f"node agent: cannot read spec file {spec_path}")
         s = self.spec
         self.node = s.get("node") or socket.gethostname().split(".")[0]
+        self.gpus = detect_gpus() if s.get("gpus") is None else [str(g) for g in s["gpus"]]
         self.kind = engine_kind(s["engine_kind"])
         self.report_path = s["report_file"]
         self.control_path = s["control_file"]
@@ -197,9 +221,7 @@ class NodeAgent:
         if entry["index"] == self._next_index:
             self._next_index += 1
         entry["restarts"] += 1
-        gpu = gpu_for(
-            entry["index"], self.spec.get("gpus", []), self.spec.get("engines_per_gpu", 1)
-        )
+        gpu = gpu_for(entry["index"], self.gpus, self.spec.get("engines_per_gpu", 1))
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -366,6 +388,7 @@ class NodeAgent:
                 if misses >= PROBE_MISSES:
                     self.error = "the controller stopped answering; engines taken down"
                     self.shutdown("controller-lost")
+                changed = True  # a report every probe is the agent's heartbeat
             if changed:
                 self.report()
             time.sleep(POLL_S)

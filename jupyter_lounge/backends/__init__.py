@@ -5,16 +5,36 @@ from __future__ import annotations
 from ..errors import LoungeError
 from .base import Backend
 
-BACKENDS = ("local",)
+BACKENDS = ("local", "slurm")
+
+
+def _ipython_config():
+    """The IPython profile's config (``c.SlurmBackend.partition = ...``), when in IPython."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        return None
+    return shell.config if shell is not None else None
 
 
 def make_backend(name: str, **options) -> Backend:
     if name == "local":
         from .local import LocalBackend
 
-        return LocalBackend(**options)
-    if name in ("ssh", "slurm"):
+        if options:
+            raise LoungeError(
+                f"The local backend takes no option {sorted(options)[0]!r}; "
+                "it is for --backend slurm."
+            )
+        return LocalBackend()
+    if name == "slurm":
+        from .slurm import SlurmBackend
+
+        return SlurmBackend(config=_ipython_config(), **options)
+    if name == "ssh":
         raise LoungeError(
-            f"The {name!r} backend is not available yet in this version; use --backend local."
+            "The 'ssh' backend is not available yet in this version; use --backend local or slurm."
         )
     raise LoungeError(f"Unknown backend {name!r}: use one of {', '.join(BACKENDS)}.")

@@ -25,7 +25,7 @@ class Backend:
         place for ``n`` engines."""
         raise NotImplementedError
 
-    def listen_ip(self) -> str:
+    def listen_address(self) -> str:
         """Where the controller listens so that every node can reach it."""
         raise NotImplementedError
 

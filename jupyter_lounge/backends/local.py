@@ -23,7 +23,7 @@ class LocalBackend(Backend):
         names = [host] if nodes == 1 else [f"{host}-{i}" for i in range(nodes)]
         return [(name, len(range(i, n, nodes))) for i, name in enumerate(names)]
 
-    def listen_ip(self) -> str:
+    def listen_address(self) -> str:
         return "127.0.0.1"
 
     async def place(self, agents: list[dict], cdir: Path, cluster: str) -> None:

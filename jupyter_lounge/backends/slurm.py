@@ -1,0 +1,270 @@
+"""Slurm: one allocation per start (or scale-up), one ``srun`` task per node running the node
+agent, which forks that node's engines after importing the preload set once.
+
+The Slurm specifics are data: the three commands and the ``#SBATCH`` header built from
+options. ``job_script()`` shows exactly what will be submitted, before anything is.
+Options come from keyword arguments (the magic and CLI flags) over traitlets config
+(``c.SlurmBackend.partition = "gpu"`` in the IPython profile).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from traitlets import Float, Integer, List, Unicode
+from traitlets.config import Configurable
+
+from ..errors import LoungeError, LoungeTimeout
+from ..procs import call
+from .base import Backend
+
+RUNNING = {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STAGE_OUT"}
+
+
+class SlurmBackend(Configurable, Backend):
+    name = "slurm"
+    grows_in_place = False
+    submit_command = "sbatch"
+    cancel_command = "scancel"
+    status_command = "squeue"
+
+    partition = Unicode("", help="Slurm partition (-p); empty: the default one").tag(config=True)
+    account = Unicode("", help="account to charge (-A)").tag(config=True)
+    qos = Unicode("", help="quality of service (--qos)").tag(config=True)
+    time_limit = Unicode("", help="walltime, e.g. 1:00:00 (-t)").tag(config=True)
+    engines_per_node = Integer(8, help="engines one node agent forks").tag(config=True)
+    cpus_per_engine = Integer(1, help="CPUs reserved per engine").tag(config=True)
+    mem_per_engine = Unicode("", help="memory per engine, e.g. 2G or 500M").tag(config=True)
+    gpus_per_node = Integer(0, help="GPUs per node, asked for with --gres=gpu:N").tag(config=True)
+    extra_directives = List(Unicode(), help="more #SBATCH lines, e.g. --constraint=a100").tag(
+        config=True
+    )
+    listen_ip = Unicode(
+        "", help="address the controller listens on; default: the one that routes to the nodes"
+    ).tag(config=True)
+    call_timeout = Float(30.0, help="seconds any sbatch/squeue/scancel call may take").tag(
+        config=True
+    )
+
+    def __init__(self, config=None, **options):
+        known = set(self.class_trait_names(config=True))
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise LoungeError(
+                f"Unknown Slurm option {unknown[0]!r}: use one of {', '.join(sorted(known))}."
+            )
+        options = {k: v for k, v in options.items() if v is not None}
+        Configurable.__init__(self, config=config, **options)
+        Backend.__init__(self, **options)
+        if self.engines_per_node <= 0 or self.cpus_per_engine <= 0:
+            raise LoungeError("engines_per_node and cpus_per_engine must be above 0.")
+        self._jobs: dict[str, tuple[str, str]] = {}
+        self._jobs_at = 0.0
+        self._ended: dict[str, str] = {}
+
+    # -- placement -------------------------------------------------------------------------
+    def plan(self, n: int, nodes: int | None) -> list[tuple[str | None, int]]:
+        per_node = math.ceil(n / nodes) if nodes else self.engines_per_node
+        counts = [per_node] * (n // per_node) + ([n % per_node] if n % per_node else [])
+        return [(None, k) for k in counts]  # Slurm picks the nodes
+
+    def job_script(
+        self,
+        cluster: str = "lounge",
+        n: int = 8,
+        cdir: str | Path = ".",
+        alloc: int = 0,
+        nodes: int | None = None,
+    ) -> str:
+        """The batch script one start (or scale-up) of ``n`` engines submits."""
+        return self._script(cluster, [k for _, k in self.plan(n, nodes)], Path(cdir), alloc)
+
+    def _script(self, cluster: str, counts: list[int], cdir: Path, alloc: int) -> str:
+        n, per_node = sum(counts), max(counts)
+        lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in self._directives(cluster, counts, cdir))]
+        spec = cdir / f"agent-{alloc}.{{task}}.spec"
+        agent = " ".join(shlex.quote(part) for part in self.agent_command(str(spec)))
+        lines += [
+            f"# {n} engines: {len(counts)} node agent(s), up to {per_node} engines each",
+            "export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}",
+            f"exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 "
+            f"--output={shlex.quote(str(cdir / f'agent-{alloc}.%t.log'))} {agent}",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _directives(self, cluster: str, counts: list[int], cdir: Path) -> list[str]:
+        per_node = max(counts)
+        out = [
+            f"--job-name={cluster}",
+            f"--nodes={len(counts)}",
+            "--ntasks-per-node=1",
+            f"--cpus-per-task={per_node * self.cpus_per_engine}",
+            "--no-kill",  # a node that fails takes its engines, not the whole allocation
+            f"--output={cdir / 'slurm-%j.out'}",
+        ]
+        if self.mem_per_engine:
+            out.append(f"--mem={_megabytes(self.mem_per_engine) * per_node}M")
+        for flag, value in (
+            ("--partition", self.partition),
+            ("--account", self.account),
+            ("--qos", self.qos),
+            ("--time", self.time_limit),
+        ):
+            if value:
+                out.append(f"{flag}={value}")
+        if self.gpus_per_node:
+            out.append(f"--gres=gpu:{self.gpus_per_node}")
+        out += [d if d.startswith("-") else f"--{d}" for d in self.extra_directives]
+        return out
+
+    def listen_address(self) -> str:
+        return self.listen_ip or self._route_to_nodes()
+
+    def _route_to_nodes(self) -> str:
+        """The local address that routes to the partition's first node (no packet is sent)."""
+        cmd = ["sinfo", "-h", "-N", "-o", "%o"] + (["-p", self.partition] if self.partition else [])
+        try:
+            out = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=self.call_timeout
+            ).stdout.split()
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise LoungeError(
+                f"Could not ask Slurm for its nodes (`{shlex.join(cmd)}`: {e}); "
+                "set c.SlurmBackend.listen_ip."
+            ) from None
+        if not out:
+            raise LoungeError(
+                f"`{shlex.join(cmd)}` lists no node; check the partition, or set "
+                "c.SlurmBackend.listen_ip."
+            )
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((out[0], 9))
+            return s.getsockname()[0]
+
+    async def place(self, agents: list[dict], cdir: Path, cluster: str) -> None:
+        alloc = agents[0]["alloc"]
+        script = cdir / f"job-{alloc}.sh"
+        script.write_text(self._script(cluster, [len(a["ranks"]) for a in agents], cdir, alloc))
+        script.chmod(0o700)
+        job = await self._call([self.submit_command, "--parsable", str(script)])
+        job = job.strip().split(";")[0]
+        if not job.isdigit():
+            raise LoungeError(f"`sbatch` answered {job!r}, not a job id.")
+        for a in agents:
+            a.update(
+                job=job, files={**a["files"], "log": str(cdir / f"agent-{alloc}.{a['task']}.log")}
+            )
+        self._jobs_at = 0.0
+
+    async def release(self, agents: list[dict], grace: float) -> None:
+        jobs = sorted({a["job"] for a in agents if a.get("job")})
+        if not jobs:
+            return
+        await self._call([self.cancel_command, *jobs])
+        deadline = time.monotonic() + max(grace, 5) + self.call_timeout
+        while True:
+            listed = await self._call(
+                [self.status_command, "-h", "-o", "%i", "-j", ",".join(jobs)], ok_if_gone=True
+            )
+            if not set(listed.split()) & set(jobs):
+                break
+            if time.monotonic() > deadline:
+                raise LoungeTimeout(
+                    f"Slurm job(s) {', '.join(jobs)} still in squeue "
+                    f"{deadline:.0f} s after scancel; check `squeue -j`."
+                )
+            await _sleep(0.25)
+        self._jobs_at = 0.0
+
+    # -- state -----------------------------------------------------------------------------
+    def agent_state(self, agent: dict) -> tuple[str, str]:
+        job = agent.get("job")
+        if not job:
+            return "pending", "not submitted yet"
+        jobs = self._job_states()
+        if job not in jobs:
+            return "lost", f"Slurm job {job} has ended{self._end_reason(job)}"
+        state, reason = jobs[job]
+        if state == "PENDING":
+            return "pending", f"Slurm job {job} pending: {reason}"
+        if state not in RUNNING:
+            return "lost", f"Slurm job {job} is {state}: {reason}"
+        from ..state import read_json
+
+        report = read_json(agent["files"]["report"])
+        if report and report.get("status") not in ("stopped", "failed", "controller-lost"):
+            if time.time() - report.get("time", 0) > 15:
+                return "lost", "its node stopped answering (no report for 15 s)"
+        return "alive", ""
+
+    def _job_states(self) -> dict[str, tuple[str, str]]:
+        """job id -> (state, reason) for this user's jobs; one squeue a second at most."""
+        if time.monotonic() - self._jobs_at < 1.0:
+            return self._jobs
+        cmd = [self.status_command, "-h", "--me", "-o", "%i|%T|%r"]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=self.call_timeout)
+        except subprocess.TimeoutExpired:
+            return self._jobs  # keep the last answer; the caller's own timeout still runs
+        except OSError as e:
+            raise LoungeError(f"`{cmd[0]}` cannot run ({e}): is Slurm installed here?") from None
+        if out.returncode != 0:
+            raise LoungeError(
+                f"`{shlex.join(cmd)}` failed with exit code {out.returncode}: {out.stderr.strip()}"
+            )
+        jobs = {}
+        for line in out.stdout.splitlines():
+            job, state, reason = (line.split("|") + ["", ""])[:3]
+            jobs[job.strip()] = (state.strip(), reason.strip())
+        self._jobs, self._jobs_at = jobs, time.monotonic()
+        return jobs
+
+    def _end_reason(self, job: str) -> str:
+        if job not in self._ended:
+            try:
+                out = subprocess.run(
+                    ["sacct", "-n", "-X", "-j", job, "-o", "State,ExitCode"],
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                ).stdout.split()
+            except (OSError, subprocess.TimeoutExpired):
+                out = []
+            self._ended[job] = f" ({' '.join(out[:2])})" if out else ""
+        return self._ended[job]
+
+    async def _call(self, cmd: list[str], ok_if_gone: bool = False) -> str:
+        try:
+            return await call(cmd, timeout=self.call_timeout)
+        except FileNotFoundError:
+            raise LoungeError(
+                f"`{cmd[0]}` was not found: is Slurm installed on this machine?"
+            ) from None
+        except LoungeError as e:
+            if ok_if_gone and "Invalid job id" in str(e):
+                return ""
+            raise
+
+
+def _megabytes(text: str) -> int:
+    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+    text = text.strip().upper().rstrip("B")
+    try:
+        if text and text[-1] in units:
+            return max(1, math.ceil(float(text[:-1]) * units[text[-1]]))
+        return int(text)
+    except ValueError:
+        raise LoungeError(
+            f"Memory per engine {text!r} is not a size: use e.g. 2G or 500M."
+        ) from None
+
+
+async def _sleep(seconds: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(seconds)
