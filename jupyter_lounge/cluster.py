@@ -267,10 +267,16 @@ class Cluster:
             if report.get("status") == "failed":
                 raise LoungeError(report.get("error") or f"node agent {a['key']} failed")
             how, why = self.backend.agent_state(a)
-            if how == "lost" and report.get("status") != "stopped":
+            if how == "lost":
+                log = tail(a["files"]["log"], 3)
+                where = self._node_label(a, report)
                 raise LoungeError(
-                    f"The node agent on {self._node_label(a, report)} is gone ({why}): "
-                    f"{tail(a['files']['log'], 3) or 'no output'}"
+                    (
+                        f"The node agent on {where} is gone: {why}."
+                        if report
+                        else f"The node agent {where} of {self.name!r} never started: {why}."
+                    )
+                    + (f" Its log ends: {log}" if log else "")
                 )
 
     @staticmethod
@@ -331,7 +337,7 @@ class Cluster:
             how, why = self.backend.agent_state(a)
             if how == "pending":
                 status = f"pending ({why})"
-            elif how == "lost" and status not in ("stopped", "failed"):
+            elif how == "lost" and status != "failed":  # "stopped" by anyone but us is lost too
                 status, error = "lost", error or why
             rows.append(
                 {

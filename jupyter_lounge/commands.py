@@ -13,7 +13,7 @@ USAGE = """\
                [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart] [--tls]
                Slurm: [--partition P] [--account A] [--qos Q] [--time 1:00:00]
                [--engines-per-node K] [--cpus-per-engine C] [--mem-per-engine 2G]
-               [--gpus-per-node G] [--sbatch DIRECTIVE ...]
+               [--gpus-per-node G] [--sbatch=--constraint=a100 ...]
 %lounge scale N [--name NAME]     %lounge status [NAME]     %lounge list
 %lounge stop [NAME]               %lounge attach NAME
 %%lounge [NAME]                   (as a cell magic: run the cell on every engine)"""
@@ -73,7 +73,7 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     start.add_argument("n", type=positive_int)
     start.add_argument("--engines", default="ipyparallel")  # checked by engine_kind()
     start.add_argument("--backend", default="local")  # checked by make_backend()
-    start.add_argument("--nodes", type=positive_int, default=1)
+    start.add_argument("--nodes", type=positive_int, default=None)
     start.add_argument("--name")
     start.add_argument("--preload", default="")
     start.add_argument("--wait", action="store_true")

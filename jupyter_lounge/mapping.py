@@ -35,11 +35,13 @@ def map_items(
         raise LoungeError(f"retries must be a whole number of 0 or more, not {retries!r}.")
     items = list(items)
     futures = cluster.kind.submit_all(cluster.client, run_item, _payloads(fn, items), retries)
-    _wait(futures, timeout, progress)
+    lost = _wait(futures, timeout, progress, lambda: _all_engines_gone(cluster))
     rows = []
-    for item, fut in zip(items, futures):
+    for i, (item, fut) in enumerate(zip(items, futures)):
         row: dict[str, Any] = dict(item) if isinstance(item, dict) else {"item": item}
         try:
+            if i in lost:
+                raise LoungeError(f"lost: {lost[i]}")
             out = fut.result()
         except Exception as e:  # noqa: BLE001 - the engine died more often than retried
             out = {
@@ -63,11 +65,21 @@ def map_items(
     return df
 
 
-def _wait(futures: list, timeout: float | None, progress: bool) -> None:
+def _all_engines_gone(cluster) -> str | None:
+    """Why no engine of the cluster can ever run an item again, or None while one can."""
+    rows = cluster.nodes_status()
+    if rows and all(r["status"] in ("lost", "failed", "stopped", "controller-lost") for r in rows):
+        return "; ".join(dict.fromkeys(str(r["error"] or r["status"]) for r in rows))
+    return None
+
+
+def _wait(futures: list, timeout: float | None, progress: bool, gone) -> dict[int, str]:
+    """Wait for every future; return {index: reason} for those given up as lost."""
     from tqdm.auto import tqdm
 
     pending = set(range(len(futures)))
     deadline = None if timeout is None else time.monotonic() + timeout
+    next_check = time.monotonic() + 1.0
     with tqdm(total=len(futures), disable=not progress, desc="lounge.map", unit="item") as bar:
         while pending:
             done = {i for i in pending if futures[i].done()}
@@ -75,6 +87,13 @@ def _wait(futures: list, timeout: float | None, progress: bool) -> None:
                 bar.update(len(done))
                 pending -= done
                 continue
+            if time.monotonic() > next_check:
+                next_check = time.monotonic() + 1.0
+                reason = gone()
+                if reason:  # nothing is left to run them: report them, do not hang
+                    for i in pending:
+                        futures[i].cancel()
+                    return dict.fromkeys(pending, reason)
             if deadline is not None and time.monotonic() > deadline:
                 for i in pending:
                     futures[i].cancel()
@@ -83,3 +102,4 @@ def _wait(futures: list, timeout: float | None, progress: bool) -> None:
                     f"{len(pending)} of {len(futures)} items unfinished."
                 )
             time.sleep(0.05)
+    return {}

@@ -24,6 +24,18 @@ from ..procs import call
 from .base import Backend
 
 RUNNING = {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STAGE_OUT"}
+#: Pending reasons that no amount of waiting cures: the request exceeds what the partition,
+#: account or QOS allows. Reported at once instead of after the start timeout.
+HOPELESS = {
+    "PartitionNodeLimit",
+    "PartitionTimeLimit",
+    "PartitionConfig",
+    "BadConstraints",
+    "InvalidAccount",
+    "InvalidQOS",
+    "AccountNotAllowed",
+    "QOSNotAllowed",
+}
 
 
 class SlurmBackend(Configurable, Backend):
@@ -165,7 +177,7 @@ class SlurmBackend(Configurable, Backend):
         jobs = sorted({a["job"] for a in agents if a.get("job")})
         if not jobs:
             return
-        await self._call([self.cancel_command, *jobs])
+        await self._call([self.cancel_command, *jobs], ok_if_gone=True)
         deadline = time.monotonic() + max(grace, 5) + self.call_timeout
         while True:
             listed = await self._call(
@@ -190,16 +202,22 @@ class SlurmBackend(Configurable, Backend):
         if job not in jobs:
             return "lost", f"Slurm job {job} has ended{self._end_reason(job)}"
         state, reason = jobs[job]
+        if state == "PENDING" and reason in HOPELESS:
+            return "lost", (
+                f"Slurm job {job} can never start ({reason}): ask for fewer nodes, "
+                "a shorter --time, or another --partition"
+            )
         if state == "PENDING":
             return "pending", f"Slurm job {job} pending: {reason}"
         if state not in RUNNING:
             return "lost", f"Slurm job {job} is {state}: {reason}"
         from ..state import read_json
 
-        report = read_json(agent["files"]["report"])
-        if report and report.get("status") not in ("stopped", "failed", "controller-lost"):
-            if time.time() - report.get("time", 0) > 15:
-                return "lost", "its node stopped answering (no report for 15 s)"
+        report = read_json(agent["files"]["report"]) or {}
+        if report.get("status") in ("stopped", "failed", "controller-lost"):
+            return "lost", f"its agent has {report['status']} (Slurm job {job} is {state})"
+        if report and time.time() - report.get("time", 0) > 15:
+            return "lost", "its node stopped answering (no report for 15 s)"
         return "alive", ""
 
     def _job_states(self) -> dict[str, tuple[str, str]]:
