@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-local lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,18 +16,26 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-## The whole suite (lint, unit, integration with real engines, kernels and notebooks).
+## The whole suite (lint, unit, integration with real engines, kernels and notebooks, and a
+## real 3-node Slurm testbed in network namespaces, brought up here and taken down after).
 test: $(STAMP)
 	$(PY) -m ruff check jupyter_lounge tests bench examples
+	tests/infra/reup 3 8 > .testbed.env
+	set -a; . ./.testbed.env; set +a; $(PY) -m pytest; rc=$$?; tests/infra/down; exit $$rc
+
+## The same suite without the testbed (Slurm tests skip, saying why).
+test-local: $(STAMP)
 	$(PY) -m pytest
 
 lint: $(STAMP)
 	$(PY) -m ruff check jupyter_lounge tests bench examples
 	$(PY) -m ruff format --check jupyter_lounge tests bench examples
 
-## Launch benchmark against stock ipyparallel and Dask (several minutes; prints a table).
+## Launch benchmarks against stock ipyparallel and Dask (several minutes; print tables).
 bench: $(STAMP)
 	$(PY) bench/launch.py
+	tests/infra/reup 3 8 > .testbed.env
+	set -a; . ./.testbed.env; set +a; $(PY) bench/slurm_launch.py; rc=$$?; tests/infra/down; exit $$rc
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
