@@ -20,8 +20,11 @@ counted). The ways:
   default plus ``--partition``, ``--nodes=NODES`` and ``--ntasks-per-node=PER_NODE``.
 * dask-jobqueue: ``SLURMCluster(cores=PER_NODE, processes=PER_NODE, queue="debug")`` scaled to
   N workers: one sbatch per PER_NODE workers, no srun (``dask worker --nworkers PER_NODE`` runs
-  in the batch step). ``job_mem`` is set to fit the testbed nodes (RealMemory=4000), since the
-  default ``--mem`` (all of ``memory``) exceeds a node; ``memory`` gives each worker 2 GiB.
+  in the batch step), the scheduler here on ``scheduler_options={"host": CONTROLLER_IP}``.
+  ``memory`` gives each worker a 2 GiB limit (TensorFlow fits); ``job_mem="3000M"`` because the
+  default ``--mem`` (all of ``memory``) exceeds a testbed node (RealMemory=4000) and the job
+  would never start; ``--exclusive`` gives each job a node of its own, as the other ways spread
+  over NODES nodes (at 8 per node a job takes a whole node anyway).
 
 Servers the nodes must reach listen on CONTROLLER_IP (ours finds it by itself). Before each way
 the benchmark waits (up to 120 s) for ``squeue`` to be empty; after it, it cancels the way's
@@ -36,6 +39,7 @@ way that fails or takes over 300 s is recorded as None with a note. Nothing is a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -51,7 +55,7 @@ from collections import Counter
 
 import psutil
 
-TIMEOUT = 300.0  # seconds each way may take
+TIMEOUT = 300  # seconds each way may take
 CONTROLLER_IP = "10.77.0.1"  # the address of this host that the testbed nodes reach
 WAYS = ("ours", "ours-dask", "ipyparallel", "dask-jobqueue")
 IPP_TEMPLATE = """#!/bin/sh
@@ -143,93 +147,67 @@ class SlurmWatch:
         self._thread.join()
 
 
-# -- the ways: each returns the seconds and stops what it started -----------------------------
-def run_ours(way: str, nodes: int, per_node: int, mark: str, notes: list[str]) -> float:
+# -- the ways: each sets rec["seconds"] once its engines have run the op, then stops --------------
+def run_ours(rec: dict, mark: str, way: str, per_node: int, notes: list[str]) -> None:
     from jupyter_lounge import Lounge
 
-    n, engines = nodes * per_node, ("dask" if way == "ours-dask" else "ipyparallel")
+    n, kind = rec["n"], ("dask" if way == "ours-dask" else "ipyparallel")
     t0 = time.perf_counter()
-    c = Lounge(
-        n,
-        name=mark,
-        engines=engines,
-        backend="slurm",
-        engines_per_node=per_node,
-        preload=["tensorflow"],
-        progress=False,
-        wait=True,
-        timeout=TIMEOUT,
-    )
+    opts = dict(engines=kind, backend="slurm", engines_per_node=per_node, name=mark)
+    c = Lounge(n, preload=["tensorflow"], progress=False, wait=True, timeout=TIMEOUT, **opts)
     try:
         c.start_sync()
-        if engines == "dask":
+        if kind == "dask":
             check_results(with_timeout(lambda: c.client.run(tf_op)).values(), n)
         else:
             check_results(c.client[:].apply_async(tf_op).get(timeout=TIMEOUT), n)
-        seconds = time.perf_counter() - t0
+        rec["seconds"] = time.perf_counter() - t0
         notes.append(f"{way}: engines on {hosts(c.client)}; {len(c.agents)} node agents")
-        return seconds
     finally:
         c.stop_sync()
 
 
-def run_ipyparallel(nodes: int, per_node: int, mark: str, notes: list[str]) -> float:
+def run_ipyparallel(rec: dict, mark: str, nodes: int, per_node: int, notes: list[str]) -> None:
     import ipyparallel as ipp
     from traitlets.config import Config
 
-    n, cfg = nodes * per_node, Config()
+    cfg = Config()
     cfg.SlurmEngineSetLauncher.batch_template = IPP_TEMPLATE
     cfg.SlurmEngineSetLauncher.queue = "debug"
     cfg.SlurmEngineSetLauncher.namespace = {"nodes": nodes, "per_node": per_node}
+    opts = dict(engines="slurm", controller="local", controller_ip=CONTROLLER_IP, config=cfg)
     t0 = time.perf_counter()
-    cluster = ipp.Cluster(
-        engines="slurm",
-        controller="local",
-        controller_ip=CONTROLLER_IP,
-        n=n,
-        cluster_id=mark,
-        engine_timeout=int(TIMEOUT),
-        log_level=40,
-        config=cfg,
-    )
+    cluster = ipp.Cluster(n=rec["n"], cluster_id=mark, engine_timeout=TIMEOUT, **opts)
     rc = None
     try:
         rc = cluster.start_and_connect_sync()  # waits for n engines, up to engine_timeout
-        check_results(rc[:].apply_async(tf_op).get(timeout=TIMEOUT), n)
-        seconds = time.perf_counter() - t0
+        check_results(rc[:].apply_async(tf_op).get(timeout=TIMEOUT), rec["n"])
+        rec["seconds"] = time.perf_counter() - t0
         notes.append(f"ipyparallel: engines on {hosts(rc)}")
-        return seconds
     finally:
         if rc is not None:
             rc.close()
         cluster.stop_cluster_sync()
 
 
-def run_jobqueue(nodes: int, per_node: int, mark: str, tmp: str, notes: list[str]) -> float:
+def run_jobqueue(rec: dict, mark: str, per_node: int, tmp: str, notes: list[str]) -> None:
     from dask_jobqueue import SLURMCluster
     from distributed import Client
 
-    n = nodes * per_node
+    mem = dict(memory=f"{2 * per_node}GiB", job_mem="3000M")  # see the module docstring
+    job = dict(queue="debug", job_name=mark, job_extra_directives=["--exclusive"])
+    sched = {"host": CONTROLLER_IP, "dashboard": False}
+    more = dict(log_directory=os.path.join(tmp, "dask-jobqueue"), scheduler_options=sched)
     t0 = time.perf_counter()
-    cluster = SLURMCluster(
-        cores=per_node,
-        processes=per_node,
-        memory=f"{2 * per_node}GiB",
-        job_mem="3000M",
-        queue="debug",
-        job_name=mark,
-        log_directory=os.path.join(tmp, "dask-jobqueue"),
-        scheduler_options={"host": CONTROLLER_IP, "dashboard": False},
-    )
+    cluster = SLURMCluster(cores=per_node, processes=per_node, **mem, **job, **more)
     client = None
     try:
-        cluster.scale(n)
+        cluster.scale(rec["n"])
         client = Client(cluster, timeout=TIMEOUT)
-        client.wait_for_workers(n, timeout=TIMEOUT)
-        check_results(with_timeout(lambda: client.run(tf_op)).values(), n)
-        seconds = time.perf_counter() - t0
+        client.wait_for_workers(rec["n"], timeout=TIMEOUT)
+        check_results(with_timeout(lambda: client.run(tf_op)).values(), rec["n"])
+        rec["seconds"] = time.perf_counter() - t0
         notes.append(f"dask-jobqueue: workers on {hosts(client)}")
-        return seconds
     finally:
         if client is not None:
             client.close(timeout=10)
@@ -237,90 +215,76 @@ def run_jobqueue(nodes: int, per_node: int, mark: str, tmp: str, notes: list[str
 
 
 # -- running, cleaning up and reporting ------------------------------------------------------
-def wait_for_idle_slurm(way: str, notes: list[str], timeout: float = 120.0) -> None:
+def wait_until_gone(jobs, timeout: float) -> list[str]:
+    """Wait up to ``timeout`` s for squeue to list none of ``jobs`` (all if None); the rest."""
     deadline = time.monotonic() + timeout
-    while (left := squeue()) and time.monotonic() < deadline:
-        time.sleep(1)
-    if left:
-        notes.append(f"{way}: squeue not empty after {timeout:g} s, measured anyway: {left}")
-
-
-def kill(procs: list[psutil.Process]) -> int:
-    _, alive = psutil.wait_procs(procs, timeout=10)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
-    return len(alive)
+    while True:
+        left = squeue() if jobs is None else [j for j in jobs if squeue("-j", j)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
 
 
 def clean_up(way: str, jobs: set[str], before: set[int], notes: list[str]) -> None:
-    """Cancel the way's jobs still queued, wait for them to go, kill what they and we left."""
-    if left := [j for j in jobs if squeue("-j", j)]:
+    """Make sure the way's jobs left squeue (cancel them if not), kill what they and we left."""
+    if left := wait_until_gone(jobs, 30):
         subprocess.run(["scancel", *left], capture_output=True, timeout=30)
-        notes.append(f"{way}: job(s) {', '.join(left)} still in squeue after stop: cancelled")
-    deadline = time.monotonic() + 60
-    while any(squeue("-j", j) for j in jobs) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    procs = []
+        notes.append(f"{way}: job(s) {', '.join(left)} still in squeue 30 s after stop: cancelled")
+        if left := wait_until_gone(left, 60):
+            notes.append(f"{way}: job(s) {', '.join(left)} still in squeue after scancel")
+    me, procs = os.getpid(), []
     for p in psutil.process_iter():
         try:
-            if p.pid in before or p.pid == os.getpid():
+            if p.pid in before or p.pid == me or "resource_tracker" in " ".join(p.cmdline()):
                 continue
-            in_job = p.environ().get("SLURM_JOB_ID") in jobs
-            if in_job or (
-                os.getpid() in {q.pid for q in p.parents()}
-                and "resource_tracker" not in " ".join(p.cmdline())
-            ):
+            if p.environ().get("SLURM_JOB_ID") in jobs or me in {q.pid for q in p.parents()}:
                 procs.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-    if killed := kill(procs):
-        notes.append(f"{way}: killed {killed} leftover process(es)")
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    if alive:
+        psutil.wait_procs(alive, timeout=5)
+        notes.append(f"{way}: killed {len(alive)} leftover process(es)")
 
 
 def measure(way: str, nodes: int, per_node: int, tmp: str, notes: list[str]) -> dict:
-    wait_for_idle_slurm(way, notes)
-    mark = f"bench-{secrets.token_hex(3)}-{way}"
+    if left := wait_until_gone(None, 120):
+        notes.append(f"{way}: squeue not empty after 120 s, measured anyway: {left}")
+    rec = {"way": way, "n": nodes * per_node, "seconds": None, "jobs": 0, "steps": 0}
+    mark = f"bench-{secrets.token_hex(3)}-{way}"  # in the job name(s) of this way
     before = {p.pid for p in psutil.process_iter()}
-    print(f"{way} ({nodes} x {per_node}) ...", file=sys.stderr, flush=True)
+    print(f"{way} ({nodes} nodes x {per_node}) ...", file=sys.stderr, flush=True)
     watch = SlurmWatch(mark)
-    seconds = None
     try:
         if way in ("ours", "ours-dask"):
-            seconds = run_ours(way, nodes, per_node, mark, notes)
+            run_ours(rec, mark, way, per_node, notes)
         elif way == "ipyparallel":
-            seconds = run_ipyparallel(nodes, per_node, mark, notes)
+            run_ipyparallel(rec, mark, nodes, per_node, notes)
         else:
-            seconds = run_jobqueue(nodes, per_node, mark, tmp, notes)
+            run_jobqueue(rec, mark, per_node, tmp, notes)
     except Exception as e:  # noqa: BLE001 - record and keep going
-        notes.append(f"{way} failed: {type(e).__name__}: {str(e)[:300]}")
-        seconds = None
+        when = "after the measurement" if rec["seconds"] is not None else ""
+        notes.append(f"{way} failed {when}: {type(e).__name__}: {str(e)[:300]}")
     finally:
         watch.stop()
         clean_up(way, watch.jobs, before, notes)
-    jobs, steps = len(watch.jobs), len(watch.steps)
-    print(f"{way}: {seconds} s, {jobs} job(s), {steps} step(s)", file=sys.stderr, flush=True)
-    return {"way": way, "n": nodes * per_node, "seconds": seconds, "jobs": jobs, "steps": steps}
+    rec.update(jobs=len(watch.jobs), steps=len(watch.steps))
+    print(f"{way}: {rec}", file=sys.stderr, flush=True)
+    return rec
 
 
 def table(records: list[dict]) -> str:
     """Aligned plain text that is also a markdown table: one row per way."""
     ours = next((r["seconds"] for r in records if r["way"] == "ours"), None)
     head = ["way", "N", "seconds", "Slurm jobs", "srun steps", "time way/ours"]
-    rows = [
-        [
-            r["way"],
-            str(r["n"]),
-            "-" if r["seconds"] is None else f"{r['seconds']:.1f}",
-            str(r["jobs"]),
-            str(r["steps"]),
-            f"{r['seconds'] / ours:.2f}" if r["seconds"] is not None and ours else "-",
-        ]
-        for r in records
-    ]
+    rows = []
+    for r in records:
+        secs, ratio = r["seconds"], (r["seconds"] / ours if r["seconds"] and ours else None)
+        rows.append([r["way"], str(r["n"]), "-" if secs is None else f"{secs:.1f}"])
+        rows[-1] += [str(r["jobs"]), str(r["steps"]), "-" if ratio is None else f"{ratio:.2f}"]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |" for r in [head, *rows]]
     lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")

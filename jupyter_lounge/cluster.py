@@ -345,7 +345,7 @@ class Cluster:
                     "status": status,
                     "ready": len(ranks.intersection(a["ranks"])),
                     "target": len(a["ranks"]),
-                    "pid": a.get("pid") or a.get("job"),
+                    "agent": f"pid {a['pid']}" if a.get("pid") else f"job {a.get('job')}",
                     "error": error,
                     "launch": ", ".join(
                         f"{phase} {sec:.1f}s"

@@ -167,7 +167,7 @@ def format_status(status: dict) -> str:
         head
         + "\n"
         + format_table(
-            status["nodes"], ["node", "status", "ready", "target", "pid", "launch", "error"]
+            status["nodes"], ["node", "status", "ready", "target", "agent", "launch", "error"]
         )
     )
 
