@@ -26,6 +26,32 @@ def processes_under(path: str) -> list[psutil.Process]:
     return found
 
 
+def slurm_testbed_problem() -> str | None:
+    """Why the Slurm testbed cannot be used now, or None when it can."""
+    import shutil
+    import subprocess
+
+    if not os.environ.get("SLURM_CONF") or not shutil.which("sinfo"):
+        return "the Slurm testbed is not up: `make test` brings it up (tests/infra/reup)"
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=30
+    ).stdout.splitlines()
+    if len([n for n in out if "idle" in n or "mix" in n]) < 3:
+        return f"the Slurm testbed has fewer than 3 idle nodes: {out}"
+    return None
+
+
+@pytest.fixture(params=["local", "slurm"])
+def backend(request):
+    """The contract tests run on every backend; Slurm only where the testbed is up."""
+    if request.param == "slurm":
+        problem = slurm_testbed_problem()
+        if problem:
+            pytest.skip(problem)
+        return {"backend": "slurm", "engines_per_node": 2}
+    return {"backend": "local"}
+
+
 @pytest.fixture(autouse=True)
 def lounge_dir(tmp_path, monkeypatch):
     path = tmp_path / "lounge"

@@ -1,5 +1,6 @@
 """The contract suite: real controllers, real node agents, real forked engines, for both
-engine kinds on the local backend (later backends join the ``backend`` parameter)."""
+engine kinds; the tests that take the ``backend`` fixture run on every backend (Slurm on the
+testbed). The rest reach into local processes (kill an engine by pid, and so on)."""
 
 from __future__ import annotations
 
@@ -38,22 +39,26 @@ def kind(request):
     return request.param
 
 
-def test_start_map_scale_stop(kind, lounge_dir):
-    cluster = Lounge(3, engines=kind, nodes=2, preload="numpy", wait=True, progress=False)
+def test_start_map_scale_stop(kind, backend, lounge_dir):
+    cluster = Lounge(
+        3, engines=kind, nodes=2, preload="numpy", wait=True, progress=False, **backend
+    )
     cluster.start_sync()
     try:
         assert current() is cluster
         # preload visible before any task imported it: the first thing the engines run
         assert run_everywhere(cluster, modules_seen) == [["json", "numpy"]] * 3
-        nodes = [node for node, _ in cluster.backend.plan(3, 2)]
-        assert sorted(n for n, _ in cluster.registered()) == [nodes[0], nodes[0], nodes[1]]
+        nodes = cluster.nodes_status()
+        assert [r["target"] for r in nodes] == [2, 1] and len({r["node"] for r in nodes}) == 2
+        expected = sorted(r["node"] for r in nodes for _ in range(r["target"]))
+        assert sorted(n for n, _ in cluster.registered()) == expected
 
         df = cluster.map(lambda x: x * x, range(10), progress=False)
         assert list(df["item"]) == list(range(10))
         assert list(df["result"]) == [x * x for x in range(10)]
         assert df["error"].isna().all()
         assert set(df["engine"]) <= {0, 1, 2} and df["seconds"].ge(0).all()
-        assert set(df["host"]) == {os.uname().nodename}
+        assert set(df["host"]) <= {os.uname().nodename} | {r["node"] for r in nodes}
 
         cluster.scale_sync(5)
         cluster.scale_sync(5)  # twice is harmless
@@ -71,8 +76,8 @@ def test_start_map_scale_stop(kind, lounge_dir):
     assert processes_under(str(lounge_dir)) == []
 
 
-def test_sweep_items_are_keyword_arguments(kind):
-    cluster = Lounge(2, engines=kind, wait=True, progress=False).start_sync()
+def test_sweep_items_are_keyword_arguments(kind, backend):
+    cluster = Lounge(2, engines=kind, wait=True, progress=False, **backend).start_sync()
     try:
 
         def train(lr, layers):
@@ -150,8 +155,9 @@ def test_agent_killed_takes_its_engines_and_is_reported(kind, pids_of):
         cluster.stop_sync()
 
 
-def test_attach_from_another_process(kind, lounge_dir):
-    cluster = Lounge(2, engines=kind, name="shared", wait=True, progress=False).start_sync()
+def test_attach_from_another_process(kind, backend, lounge_dir):
+    cluster = Lounge(2, engines=kind, name="shared", wait=True, progress=False, **backend)
+    cluster.start_sync()
     try:
         code = (
             "from jupyter_lounge import Lounge\n"
@@ -175,8 +181,8 @@ def test_attach_from_another_process(kind, lounge_dir):
         cluster.stop_sync()
 
 
-def test_preload_failure_is_one_clear_error_and_cleans_up(kind, lounge_dir):
-    cluster = Lounge(2, engines=kind, preload="json,no_such_module_xyz", progress=False)
+def test_preload_failure_is_one_clear_error_and_cleans_up(kind, backend, lounge_dir):
+    cluster = Lounge(2, engines=kind, preload="json,no_such_module_xyz", progress=False, **backend)
     with pytest.raises(LoungeError) as info:
         cluster.start_sync()
     message = str(info.value)

@@ -3,9 +3,7 @@ node, each node its own network, hostname and process namespace (tests/infra/up)
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import threading
 import time
@@ -16,7 +14,7 @@ import pytest
 from jupyter_lounge import Lounge, state
 from jupyter_lounge.errors import LoungeError, LoungeTimeout
 
-from .conftest import processes_under, wait_until
+from .conftest import processes_under, slurm_testbed_problem, wait_until
 
 INFRA = Path(__file__).parent / "infra"
 
@@ -30,13 +28,9 @@ def squeue() -> list[str]:
 
 @pytest.fixture(scope="module", autouse=True)
 def testbed():
-    if not os.environ.get("SLURM_CONF") or not shutil.which("sinfo"):
-        pytest.skip("the Slurm testbed is not up: `make test` brings it up (tests/infra/up)")
-    nodes = subprocess.run(
-        ["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=30
-    ).stdout.split("\n")
-    if len([n for n in nodes if "idle" in n or "mix" in n]) < 3:
-        pytest.skip(f"the Slurm testbed has fewer than 3 idle nodes: {nodes}")
+    problem = slurm_testbed_problem()
+    if problem:
+        pytest.skip(problem)
     yield
     assert squeue() == [], f"jobs left in squeue: {squeue()}"
 
