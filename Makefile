@@ -33,6 +33,7 @@ lint: $(STAMP)
 
 ## Launch benchmarks against stock ipyparallel and Dask (several minutes; print tables).
 bench: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[bench]"
 	$(PY) bench/launch.py
 	tests/infra/reup 3 8 > .testbed.env
 	set -a; . ./.testbed.env; set +a; $(PY) bench/slurm_launch.py; rc=$$?; tests/infra/down; exit $$rc

@@ -110,6 +110,14 @@ def hosts(client) -> str:
     return ", ".join(f"{h} x{k}" for h, k in sorted(Counter(names).items()))
 
 
+def quietly(stop, way: str, notes: list[str]) -> None:
+    """stop(); an error is noted, not raised (it would hide the error that led here)."""
+    try:
+        stop()
+    except Exception as e:  # noqa: BLE001 - noted
+        notes.append(f"{way}: stopping failed: {type(e).__name__}: {str(e)[:200]}")
+
+
 def squeue(*args: str) -> list[str]:
     out = subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, timeout=30)
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]
@@ -164,7 +172,7 @@ def run_ours(rec: dict, mark: str, way: str, per_node: int, notes: list[str]) ->
         rec["seconds"] = time.perf_counter() - t0
         notes.append(f"{way}: engines on {hosts(c.client)}; {len(c.agents)} node agents")
     finally:
-        c.stop_sync()
+        quietly(c.stop_sync, way, notes)
 
 
 def run_ipyparallel(rec: dict, mark: str, nodes: int, per_node: int, notes: list[str]) -> None:
@@ -187,7 +195,7 @@ def run_ipyparallel(rec: dict, mark: str, nodes: int, per_node: int, notes: list
     finally:
         if rc is not None:
             rc.close()
-        cluster.stop_cluster_sync()
+        quietly(cluster.stop_cluster_sync, "ipyparallel", notes)
 
 
 def run_jobqueue(rec: dict, mark: str, per_node: int, tmp: str, notes: list[str]) -> None:
@@ -210,8 +218,8 @@ def run_jobqueue(rec: dict, mark: str, per_node: int, tmp: str, notes: list[str]
         notes.append(f"dask-jobqueue: workers on {hosts(client)}")
     finally:
         if client is not None:
-            client.close(timeout=10)
-        cluster.close(timeout=30)
+            quietly(lambda: client.close(timeout=10), "dask-jobqueue", notes)
+        quietly(lambda: cluster.close(timeout=30), "dask-jobqueue", notes)
 
 
 # -- running, cleaning up and reporting ------------------------------------------------------
@@ -266,8 +274,8 @@ def measure(way: str, nodes: int, per_node: int, tmp: str, notes: list[str]) -> 
         else:
             run_jobqueue(rec, mark, per_node, tmp, notes)
     except Exception as e:  # noqa: BLE001 - record and keep going
-        when = "after the measurement" if rec["seconds"] is not None else ""
-        notes.append(f"{way} failed {when}: {type(e).__name__}: {str(e)[:300]}")
+        when = " after the measurement" if rec["seconds"] is not None else ""
+        notes.append(f"{way} failed{when}: {type(e).__name__}: {str(e)[:300]}")
     finally:
         watch.stop()
         clean_up(way, watch.jobs, before, notes)

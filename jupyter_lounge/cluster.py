@@ -432,11 +432,16 @@ class Cluster:
 
     async def stop(self) -> None:
         """Stop every engine, agent and the controller; leave nothing of this cluster behind."""
+        if self.status == "stopped":
+            return  # stopping twice (or after a failed start, which stopped) is harmless
         self.status = "stopping"
         if state.state_path(self.name).exists():
             self.save()
         for a in self.agents:
-            state.write_json(a["files"]["control"], {"stop": True})
+            try:
+                state.write_json(a["files"]["control"], {"stop": True})
+            except FileNotFoundError:  # its folder is gone: nothing there to tell
+                pass
         await self.backend.release(self.agents, 5.0)
         if self._client is not None:
             try:

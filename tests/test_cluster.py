@@ -374,3 +374,12 @@ def test_each_engine_gets_its_own_gpu_and_identity():
         ]
     finally:
         cluster.stop_sync()
+
+
+def test_stop_after_a_failed_start_and_twice_is_harmless(lounge_dir):
+    cluster = Lounge(1, preload="no_such_module_abc", progress=False)
+    with pytest.raises(LoungeError):
+        cluster.start_sync()
+    cluster.stop_sync()
+    cluster.stop_sync()
+    assert cluster.status == "stopped" and state.list_states() == []
