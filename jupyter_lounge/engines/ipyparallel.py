@@ -97,12 +97,31 @@ class IPyParallelEngines(EngineKind):
         if not client.ids:
             raise LoungeError("No engine is registered yet; wait with `%lounge status` and retry.")
         ar = client[:].execute(code, silent=False, block=False)
-        with ar.stream_output():
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while not ar.ready():
-                if deadline is not None and time.monotonic() > deadline:
-                    raise LoungeTimeout(
-                        f"the cell did not finish on every engine within {timeout:g} s."
-                    )
-                ar.wait(0.1)
+        # Stream from each engine's accumulating metadata rather than through iopub
+        # callbacks, which can miss output that arrives before they are registered.
+        shown: dict[tuple[int, str], int] = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            finished = ar.ready()
+            metadata = ar.metadata if isinstance(ar.metadata, list) else [ar.metadata]
+            for md in metadata:
+                for stream in ("stdout", "stderr"):
+                    text, start = md.get(stream) or "", shown.get((md["engine_id"], stream), 0)
+                    if len(text) > start:
+                        shown[(md["engine_id"], stream)] = len(text)
+                        end = "" if text.endswith("\n") else "\n"
+                        out = sys.stderr if stream == "stderr" else sys.stdout
+                        print(
+                            f"[{stream}:{md['engine_id']}] {text[start:]}",
+                            end=end,
+                            file=out,
+                            flush=True,
+                        )
+            if finished:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise LoungeTimeout(
+                    f"The cell did not finish on every engine within {timeout:g} s."
+                )
+            time.sleep(0.05)
         ar.get()  # raise the engines' errors (ipyparallel's CompositeError shows each one)
