@@ -187,15 +187,15 @@ class Cluster:
         self.save()
         await self._place(self.n, self.nodes)
         self._show_progress()
-        engine_file, client_file = self.kind.connection_files(cdir)
+        files = self.kind.connection_files(cdir)  # engines' and client's (may be one file)
         await self._wait_for(
-            lambda: client_file.exists() and state.read_json(client_file),
+            lambda: all(state.read_json(f) for f in files),
             30,
-            "the controller to write its connection file",
+            "the controller to write its connection files",
             check=self._check_controller,
         )
-        client_file.chmod(0o600)
-        engine_file.chmod(0o600)
+        for f in files:
+            f.chmod(0o600)
         self._client = await asyncio.to_thread(self.kind.connect, cdir, 30)
         await self.wait_for_engines(self.n if self.wait else 1, self.timeout)
         self.status = "running"
