@@ -442,14 +442,23 @@ class Cluster:
                 state.write_json(a["files"]["control"], {"stop": True})
             except FileNotFoundError:  # its folder is gone: nothing there to tell
                 pass
-        await self.backend.release(self.agents, 5.0)
+        try:
+            await self.backend.release(self.agents, 5.0)
+            released = None
+        except LoungeError as e:  # e.g. Slurm not answering: stop the rest, keep the record
+            released = e
         if self._client is not None:
             try:
                 await asyncio.wait_for(asyncio.to_thread(self.kind.close, self._client), 10)
             except Exception:  # noqa: BLE001 - the controller goes next anyway
                 pass
             self._client = None
-        await kill_group(self.controller_pid, grace=3.0)
+        await kill_group(self.controller_pid, grace=3.0)  # agents left behind then stop too
+        if released is not None:
+            raise LoungeError(
+                f"Cluster {self.name!r} is only partly stopped: {released} Its controller is "
+                f"stopped; run `lounge stop {self.name}` again once that is fixed."
+            )
         state.remove_state(self.name)
         self.status = "stopped"
         global _current

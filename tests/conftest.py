@@ -48,8 +48,16 @@ def backend(request):
         problem = slurm_testbed_problem()
         if problem:
             pytest.skip(problem)
-        return {"backend": "slurm", "engines_per_node": 2}
-    return {"backend": "local"}
+        yield {"backend": "slurm", "engines_per_node": 2}
+        import subprocess
+
+        def no_jobs():
+            out = subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=30)
+            return not out.stdout.strip()
+
+        wait_until(no_jobs, 30, "no Slurm job of the test left in squeue")
+    else:
+        yield {"backend": "local"}
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,7 @@ node, each node its own network, hostname and process namespace (tests/infra/up)
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import threading
@@ -139,6 +140,20 @@ def test_slurm_rejecting_the_job_is_one_clear_error(lounge_dir):
         Lounge(2, backend="slurm", partition="nope", progress=False).start_sync()
     assert state.list_states() == [] and squeue() == []
     assert processes_under(str(lounge_dir)) == []
+
+
+def test_slurm_down_is_one_clear_error(tmp_path, monkeypatch, lounge_dir):
+    conf = Path(os.environ["SLURM_CONF"]).read_text()
+    down = tmp_path / "slurm.conf"  # the same cluster, but a controller port nobody serves
+    down.write_text(re.sub(r"SlurmctldPort=\d+", "SlurmctldPort=9", conf))
+    monkeypatch.setenv("SLURM_CONF", str(down))
+    with pytest.raises(LoungeError) as info:
+        Lounge(2, backend="slurm", listen_ip="10.77.0.1", progress=False).start_sync()
+    message = str(info.value)
+    assert (
+        message.startswith("`sbatch --parsable") and "Unable to contact slurm controller" in message
+    )
+    assert state.list_states() == [] and processes_under(str(lounge_dir)) == []
 
 
 def test_more_nodes_than_the_partition_has_fails_fast(lounge_dir):

@@ -141,14 +141,18 @@ class SlurmBackend(Configurable, Backend):
         """The local address that routes to the partition's first node (no packet is sent)."""
         cmd = ["sinfo", "-h", "-N", "-o", "%o"] + (["-p", self.partition] if self.partition else [])
         try:
-            out = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=self.call_timeout
-            ).stdout.split()
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=self.call_timeout)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise LoungeError(
                 f"Could not ask Slurm for its nodes (`{shlex.join(cmd)}`: {e}); "
-                "set c.SlurmBackend.listen_ip."
+                "is Slurm installed and up?"
             ) from None
+        if done.returncode != 0:
+            raise LoungeError(
+                f"`{shlex.join(cmd)}` failed with exit code {done.returncode}: "
+                f"{done.stderr.strip() or '(no stderr)'}"
+            )
+        out = done.stdout.split()
         if not out:
             raise LoungeError(
                 f"`{shlex.join(cmd)}` lists no node; check the partition, or set "
@@ -200,7 +204,7 @@ class SlurmBackend(Configurable, Backend):
             return "pending", "not submitted yet"
         jobs = self._job_states()
         if job not in jobs:
-            return "lost", f"Slurm job {job} has ended{self._end_reason(job)}"
+            return "lost", f"Slurm job {job} has ended{self._end_reason(job, agent)}"
         state, reason = jobs[job]
         if state == "PENDING" and reason in HOPELESS:
             return "lost", (
@@ -242,7 +246,8 @@ class SlurmBackend(Configurable, Backend):
         self._jobs, self._jobs_at = jobs, time.monotonic()
         return jobs
 
-    def _end_reason(self, job: str) -> str:
+    def _end_reason(self, job: str, agent: dict) -> str:
+        """Why the job ended, from sacct where accounting runs, else its output file."""
         if job not in self._ended:
             try:
                 out = subprocess.run(
@@ -253,7 +258,11 @@ class SlurmBackend(Configurable, Backend):
                 ).stdout.split()
             except (OSError, subprocess.TimeoutExpired):
                 out = []
-            self._ended[job] = f" ({' '.join(out[:2])})" if out else ""
+            if not out:
+                from ..procs import tail
+
+                out = tail(Path(agent["files"]["spec"]).parent / f"slurm-{job}.out", 2).split()
+            self._ended[job] = f" ({' '.join(out)})" if out else ""
         return self._ended[job]
 
     async def _call(self, cmd: list[str], ok_if_gone: bool = False) -> str:
