@@ -43,46 +43,20 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import psutil
+from _common import TIMEOUT, check_results, with_timeout
 
-TIMEOUT = 300.0  # per stock step; ours uses the Lounge timeout of 600 s
 WAYS = ("ours", "ours-dask", "ipyparallel", "dask", "floor")
 MIB = 2**20
 
 
 def tf_op() -> float:
+    """Runs in each engine: defined here, so it is sent by value, not imported there."""
     import tensorflow as tf
 
     return float(tf.reduce_sum(tf.ones((8, 8))))
-
-
-def with_timeout(fn, timeout: float = TIMEOUT):
-    """fn() in a daemon thread; raise TimeoutError if it takes longer than ``timeout``."""
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        raise TimeoutError(f"no answer within {timeout:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def check_results(values, n: int) -> None:
-    values = list(values)
-    if len(values) != n or any(v != 64.0 for v in values):
-        raise RuntimeError(f"expected {n} results of 64.0, got {values!r}")
 
 
 def pss_mib(procs) -> float:

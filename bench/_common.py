@@ -1,0 +1,33 @@
+"""What the launch benchmarks share: bounded waits and the check of the engines' answers."""
+
+from __future__ import annotations
+
+import threading
+
+TIMEOUT = 300.0  # seconds any one step of any way may take
+
+
+def with_timeout(fn, timeout: float = TIMEOUT):
+    """fn() in a daemon thread; raise TimeoutError if it takes longer than ``timeout``."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise TimeoutError(f"no answer within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def check_results(values, n: int) -> None:
+    values = list(values)
+    if len(values) != n or any(v != 64.0 for v in values):
+        raise RuntimeError(f"expected {n} results of 64.0, got {values!r}")
