@@ -39,6 +39,8 @@ def run(argv: list[str]) -> int:
             print(commands.format_status(manager.status(name)))
     elif args.command == "list":
         print(commands.format_list(manager.list()))
+    elif args.command == "nodes":
+        print(commands.format_nodes(args))
     elif args.command == "stop":
         if not args.name:
             raise LoungeError("Say which cluster to stop: `lounge stop NAME` (see `lounge list`).")

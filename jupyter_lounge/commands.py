@@ -16,6 +16,7 @@ USAGE = """\
                [--gpus-per-node G] [--sbatch=--constraint=a100 ...]
 %lounge scale N [--name NAME]     %lounge status [NAME]     %lounge list
 %lounge stop [NAME]               %lounge attach NAME
+%lounge nodes [--pool P] [--inventory lounge.toml]   (the lounge's machines)
 %%lounge [NAME]                   (as a cell magic: run the cell on every engine)"""
 
 
@@ -101,6 +102,9 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
         sub.add_parser(name, add_help=False).add_argument("name", nargs="?")
     sub.add_parser("attach", add_help=False).add_argument("name")
     sub.add_parser("list", add_help=False)
+    nodes = sub.add_parser("nodes", add_help=False)
+    nodes.add_argument("--inventory")
+    nodes.add_argument("--pool")
     sub.add_parser("help", add_help=False)
     return parser
 
@@ -114,7 +118,7 @@ def usage(prog: str = "%lounge") -> str:
 def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
     if not words:
         raise LoungeError(f"Say what to do, e.g. `{prog} start 8`; see `{prog} help`.")
-    known = ("start", "scale", "status", "stop", "attach", "list", "help")
+    known = ("start", "scale", "status", "stop", "attach", "list", "nodes", "help")
     if words[0] not in known:
         raise LoungeError(f"Unknown command {words[0]!r}: use one of {', '.join(known)}.")
     return build_parser(prog).parse_args(words)
@@ -169,6 +173,18 @@ def format_status(status: dict) -> str:
         + format_table(
             status["nodes"], ["node", "status", "ready", "target", "agent", "launch", "error"]
         )
+    )
+
+
+def format_nodes(args: argparse.Namespace) -> str:
+    from . import inventory
+
+    inv = inventory.load(args.inventory)
+    rows = [r for r in inv.rows() if args.pool is None or args.pool in r["pools"].split(",")]
+    if args.pool is not None:
+        inv.select(args.pool)  # an unknown pool is an error, not an empty table
+    return f"{inv.path}:\n" + format_table(
+        rows, ["name", "host", "user", "port", "gpus", "engines", "pools"]
     )
 
 

@@ -45,6 +45,8 @@ class LoungeMagics(Magics):
             print(commands.format_status(manager.status(args.name or current().name)))
         elif args.command == "list":
             print(commands.format_list(manager.list()))
+        elif args.command == "nodes":
+            print(commands.format_nodes(args))
         elif args.command == "stop":
             if args.name:
                 manager.stop(args.name)

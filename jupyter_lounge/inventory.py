@@ -1,0 +1,259 @@
+"""The lounge inventory: a TOML file naming the machines, their pools and the idle policy.
+
+Default ``~/.config/jupyter_lounge/lounge.toml`` (or ``$JUPYTER_LOUNGE_INVENTORY``)::
+
+    [defaults]                 # applies to every node unless the node says otherwise
+    user = "lounge"
+    key = "~/.ssh/id_ed25519"
+    python = "/opt/lounge/venv/bin/python"
+    engines = 4
+
+    [idle]                     # when a PC counts as in use (HTCondor-style courtesy)
+    cpu_percent = 20           # foreign processes above this much CPU ...
+    gpu_percent = 10           # ... or GPU ...
+    for_seconds = 30           # ... for this long
+    idle_after_seconds = 300   # then engines come back after this long idle
+
+    [pools.gpu.idle]           # a pool may tighten or relax the policy
+    cpu_percent = 10
+
+    [[node]]
+    name = "pc01"
+    host = "10.0.0.11"
+    gpus = 1
+    pools = ["gpu", "nlp"]
+
+Every mistake is one LoungeError sentence naming the file, the line or key, and what is
+expected.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from .errors import LoungeError
+
+DEFAULT_PATH = "~/.config/jupyter_lounge/lounge.toml"
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class IdlePolicy:
+    cpu_percent: float = 20.0
+    gpu_percent: float = 10.0
+    for_seconds: float = 30.0
+    idle_after_seconds: float = 300.0
+    probe: str = ""  # a command whose exit code 0 means "in use"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    host: str
+    user: str = ""
+    port: int = 22
+    key: str = ""
+    python: str = "python3"
+    gpus: int = 0
+    engines: int = 4
+    pools: tuple[str, ...] = ()
+    idle: IdlePolicy = field(default_factory=IdlePolicy)
+
+
+NODE_KEYS = {f.name: f.type for f in fields(Node) if f.name not in ("idle",)}
+IDLE_KEYS = {f.name for f in fields(IdlePolicy)}
+TOP_KEYS = {"defaults", "idle", "pools", "node"}
+
+
+@dataclass
+class Inventory:
+    path: Path
+    nodes: list[Node]
+
+    @property
+    def pools(self) -> list[str]:
+        return sorted({p for n in self.nodes for p in n.pools})
+
+    def select(self, pool: str | None = None) -> list[Node]:
+        """The nodes of ``pool`` (all nodes when None)."""
+        if pool is None:
+            return list(self.nodes)
+        chosen = [n for n in self.nodes if pool in n.pools]
+        if not chosen:
+            known = ", ".join(self.pools) or "none"
+            raise LoungeError(f"Unknown pool {pool!r} in {self.path}: the pools there are {known}.")
+        return chosen
+
+    def rows(self) -> list[dict]:
+        return [
+            {
+                "name": n.name,
+                "host": n.host,
+                "user": n.user,
+                "port": n.port,
+                "gpus": n.gpus,
+                "engines": n.engines,
+                "pools": ",".join(n.pools),
+            }
+            for n in self.nodes
+        ]
+
+
+def default_path() -> Path:
+    return Path(os.path.expanduser(os.environ.get("JUPYTER_LOUNGE_INVENTORY", DEFAULT_PATH)))
+
+
+def load(path: str | Path | None = None) -> Inventory:
+    """Read and check the inventory; raise one clear sentence for the first mistake."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    path = Path(os.path.expanduser(str(path))) if path else default_path()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise LoungeError(
+            f"No lounge inventory at {path}: create it (see the README's inventory example) "
+            "or name another with --inventory."
+        ) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise LoungeError(f"{path} is not valid TOML: {e}.") from None
+    return Inventory(path, _nodes(path, text, data))
+
+
+def _nodes(path: Path, text: str, data: dict) -> list[Node]:
+    where = _Where(path, text)
+    for key in data:
+        if key not in TOP_KEYS:
+            raise LoungeError(
+                f"{where.key(key)}: unknown section {key!r}; expected "
+                f"{', '.join(sorted(TOP_KEYS))}."
+            )
+    defaults = _table(data, "defaults", where)
+    policy = _idle(IdlePolicy(), _table(data, "idle", where), where, "[idle]")
+    pool_policy = {}
+    for pool, spec in _table(data, "pools", where).items():
+        _check_name(pool, where.key(pool), "pool name")
+        if not isinstance(spec, dict) or set(spec) - {"idle"}:
+            raise LoungeError(
+                f"{where.key(pool)}: [pools.{pool}] may only hold an idle table, "
+                "e.g. [pools.gpu.idle] cpu_percent = 10."
+            )
+        pool_policy[pool] = spec.get("idle", {})
+    raw_nodes = data.get("node", [])
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise LoungeError(
+            f"{path}: no [[node]] entries; add one per machine, each with at least name and host."
+        )
+    nodes, seen = [], set()
+    for i, raw in enumerate(raw_nodes):
+        here = where.node(i)
+        merged = {**defaults, **raw}
+        for key in merged:
+            if key not in NODE_KEYS:
+                raise LoungeError(
+                    f"{here}: unknown key {key!r}; expected one of {', '.join(sorted(NODE_KEYS))}."
+                )
+        for required in ("name", "host"):
+            if required not in raw:
+                raise LoungeError(
+                    f"{here}: {required!r} is missing; every [[node]] needs a name and a host."
+                )
+        node = Node(**{k: _value(k, v, here) for k, v in merged.items()})
+        _check_name(node.name, here, "node name")
+        for pool in node.pools:
+            _check_name(pool, here, "pool name")
+        if node.name in seen:
+            raise LoungeError(
+                f"{here}: node name {node.name!r} is used twice; names must be unique."
+            )
+        seen.add(node.name)
+        node_policy = policy
+        for pool in node.pools:
+            node_policy = _idle(
+                node_policy, pool_policy.get(pool, {}), where, f"[pools.{pool}.idle]"
+            )
+        nodes.append(replace(node, idle=node_policy))
+    return nodes
+
+
+def _value(key: str, value, here: str):
+    if key in ("port", "gpus", "engines"):
+        low = 1 if key in ("port", "engines") else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise LoungeError(
+                f"{here}: {key!r} must be a whole number of at least {low}, not {value!r}."
+            )
+        return value
+    if key == "pools":
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+            raise LoungeError(
+                f'{here}: \'pools\' must be a list of names, e.g. ["gpu", "nlp"], not {value!r}.'
+            )
+        return tuple(value)
+    if not isinstance(value, str) or (key in ("name", "host") and not value.strip()):
+        raise LoungeError(f"{here}: {key!r} must be a non-empty string, not {value!r}.")
+    return os.path.expanduser(value) if key == "key" else value
+
+
+def _idle(base: IdlePolicy, table: dict, where: _Where, label: str) -> IdlePolicy:
+    for key, value in table.items():
+        if key not in IDLE_KEYS:
+            raise LoungeError(
+                f"{where.key(key)} in {label}: unknown key {key!r}; expected one "
+                f"of {', '.join(sorted(IDLE_KEYS))}."
+            )
+        ok = (
+            isinstance(value, str)
+            if key == "probe"
+            else (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0)
+        )
+        if not ok:
+            what = "a command string" if key == "probe" else "a number of at least 0"
+            raise LoungeError(
+                f"{where.key(key)} in {label}: {key!r} must be {what}, not {value!r}."
+            )
+    return replace(base, **table)
+
+
+def _table(data: dict, key: str, where: _Where) -> dict:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise LoungeError(f"{where.key(key)}: {key!r} must be a table ([{key}]).")
+    return value
+
+
+def _check_name(name: str, here: str, what: str) -> None:
+    if not NAME_RE.match(str(name)):
+        raise LoungeError(
+            f"{here}: {what} {name!r} is not valid; use letters, digits, '.', '_' or '-'."
+        )
+
+
+class _Where:
+    """Points at lines of the file for error messages (TOML parsers give no line numbers)."""
+
+    def __init__(self, path: Path, text: str):
+        self.path, self.lines = path, text.splitlines()
+
+    def _line(self, pattern: str, nth: int = 0) -> int | None:
+        hits = [i + 1 for i, line in enumerate(self.lines) if re.match(pattern, line.strip())]
+        return hits[nth] if len(hits) > nth else None
+
+    def key(self, key: str) -> str:
+        line = self._line(rf"(\[+\s*)?{re.escape(key)}\b")
+        return f"{self.path} line {line}" if line else f"{self.path}"
+
+    def node(self, index: int) -> str:
+        line = self._line(r"\[\[\s*node\s*\]\]", index)
+        spot = f" line {line}" if line else ""
+        return f"{self.path}{spot} ([[node]] number {index + 1})"
