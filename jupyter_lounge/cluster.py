@@ -53,6 +53,7 @@ class Cluster:
         engines_per_gpu: int = 1,
         heartbeat_ms: int = 150,
         tls: bool = False,
+        courtesy: dict | bool | None = None,
         progress: bool | None = None,
         stop_at_exit: bool = True,
         **backend_options,
@@ -72,6 +73,7 @@ class Cluster:
         self.engines_per_gpu = engines_per_gpu
         self.heartbeat_ms = heartbeat_ms
         self.tls = bool(tls)
+        self.courtesy = _courtesy_policy(courtesy)
         self.progress = progress
         self.stop_at_exit = stop_at_exit
         self.agents: list[dict] = []
@@ -109,6 +111,7 @@ class Cluster:
             "heartbeat_ms": self.heartbeat_ms,
             "timeout": self.timeout,
             "tls": self.tls,
+            "courtesy": self.courtesy,
         }
 
     def save(self) -> None:
@@ -134,6 +137,7 @@ class Cluster:
             heartbeat_ms=data["heartbeat_ms"],
             timeout=data["timeout"],
             tls=data.get("tls", False),
+            courtesy=data.get("courtesy"),
             stop_at_exit=False,
             **data.get("backend_options", {}),
         )
@@ -246,6 +250,7 @@ class Cluster:
             "engines_per_gpu": self.engines_per_gpu,
             "restart": self.restart,
             "connect_timeout": max(60, self.timeout),
+            "courtesy": self.courtesy,
             "engine_options": {
                 "profile_dir": str(cdir / "profile"),
                 "local_directory": str(cdir / "dask-worker-space"),
@@ -510,3 +515,23 @@ class Cluster:
 
     def wait_for_engines_sync(self, n: int | None = None, timeout: float | None = None) -> None:
         run_sync(self.wait_for_engines(n, timeout))
+
+
+def _courtesy_policy(courtesy) -> dict | None:
+    """The idle policy the node agents follow (see telemetry.Courtesy), or None: no yielding."""
+    from dataclasses import asdict
+
+    from .inventory import IDLE_KEYS, IdlePolicy
+
+    if courtesy is None or courtesy is False:
+        return None
+    if courtesy is True:
+        return asdict(IdlePolicy())
+    if isinstance(courtesy, IdlePolicy):
+        return asdict(courtesy)
+    unknown = sorted(set(courtesy) - IDLE_KEYS)
+    if unknown:
+        raise LoungeError(
+            f"Unknown courtesy setting {unknown[0]!r}: use {', '.join(sorted(IDLE_KEYS))}."
+        )
+    return asdict(IdlePolicy(**courtesy))

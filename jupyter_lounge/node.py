@@ -143,6 +143,9 @@ class NodeAgent:
         self._hup = False
         self._next_index = 0
         self.timings: list[tuple[str, float]] = []  # seconds per launch phase, in order
+        self.telemetry = None  # the last sample of this machine
+        self.courtesy = None  # Courtesy when the spec asks to yield the machine to people
+        self.evicted = False  # engines stopped because a person uses this machine
         self._t0 = time.monotonic()
 
     def _lap(self, phase: str) -> None:
@@ -163,6 +166,10 @@ class NodeAgent:
                 "engines": self.engines,
                 "time": time.time(),
                 "timings": self.timings,
+                "telemetry": self.telemetry,
+                "courtesy": None
+                if self.courtesy is None
+                else {"state": self.courtesy.state, "reason": self.courtesy.reason},
             },
         )
 
@@ -273,10 +280,11 @@ class NodeAgent:
                 continue
             changed = True
             entry = self.engines[str(rank)]
-            entry["state"] = "exited"
+            entry["state"] = "evicted" if self.evicted else "exited"
             entry["exit"] = os.waitstatus_to_exitcode(status)
             if (
                 not self.stopping
+                and not self.evicted
                 and rank in self.wanted
                 and self.spec.get("restart", True)
                 and entry["restarts"] < MAX_RESTARTS
@@ -306,7 +314,7 @@ class NodeAgent:
                     self.engines[str(rank)]["state"] = "stopping"
                     os.kill(pid, signal.SIGTERM)
             for rank in self.wanted:
-                if rank not in running:
+                if rank not in running and not self.evicted:
                     self.fork_engine(rank)
         return True
 
@@ -349,6 +357,39 @@ class NodeAgent:
         self.report()
         sys.exit(0)
 
+    # -- courtesy ----------------------------------------------------------------------------
+    def _start_watching(self) -> None:
+        from .inventory import IdlePolicy
+        from .telemetry import Courtesy, Telemetry
+
+        self.watcher = Telemetry(os.getpid())
+        policy = self.spec.get("courtesy")
+        if policy is not None:
+            self.courtesy = Courtesy(IdlePolicy(**policy), time.monotonic())
+        self._watch()
+
+    def _watch(self) -> None:
+        """Sample the machine; stop the engines when a person uses it, fork them back once it
+        has been idle long enough."""
+        from .telemetry import probe_in_use
+
+        self.telemetry = self.watcher.sample()
+        if self.courtesy is None:
+            return
+        probe = probe_in_use(self.courtesy.policy.probe)
+        state = self.courtesy.update(self.telemetry, time.monotonic(), probe)
+        if state == "in use" and not self.evicted:
+            self.evicted, self.status = True, "in use"
+            for pid, rank in list(self.children.items()):
+                self.engines[str(rank)]["state"] = "evicted"
+                os.kill(pid, signal.SIGTERM)
+        elif state == "idle" and self.evicted:
+            self.evicted, self.status = False, "running"
+            running = set(self.children.values())
+            for rank in self.wanted:
+                if rank not in running:
+                    self.fork_engine(rank)
+
     # -- main --------------------------------------------------------------------------------
     def _on_term(self, signum, frame) -> None:
         if not self.children and self.status in ("starting", "preloading"):
@@ -371,12 +412,14 @@ class NodeAgent:
         gc.collect()
         gc.freeze()
         self._lap("gc_freeze")
+        self._start_watching()
         self.read_control()
-        for rank in self.wanted:
-            if str(rank) not in self.engines or self.engines[str(rank)].get("state") != "running":
-                self.fork_engine(rank)
+        if not self.evicted:
+            for rank in self.wanted:
+                if self.engines.get(str(rank), {}).get("state") != "running":
+                    self.fork_engine(rank)
         self._lap("fork")
-        self.status = "running"
+        self.status = "in use" if self.evicted else "running"
         self.report()
         next_probe, misses = time.monotonic() + PROBE_EVERY_S, 0
         while not self.stopping:
@@ -388,6 +431,7 @@ class NodeAgent:
                 if misses >= PROBE_MISSES:
                     self.error = "the controller stopped answering; engines taken down"
                     self.shutdown("controller-lost")
+                self._watch()
                 changed = True  # a report every probe is the agent's heartbeat
             if changed:
                 self.report()

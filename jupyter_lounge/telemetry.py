@@ -1,0 +1,138 @@
+"""What a node agent sees of its machine: load, memory, GPUs, who is logged in, and how much
+CPU processes that are not ours use; and the courtesy rule that turns it into idle / in use.
+
+The rule is HTCondor's in spirit: a PC is in use while a person is logged in at it, or while
+foreign processes use more than a threshold of CPU or GPU for a while; it is idle again only
+after it has stayed quiet for a while. Engines run only on idle PCs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from .inventory import IdlePolicy
+
+
+class Telemetry:
+    """Samples this machine; keeps psutil handles so per-process CPU is measured between
+    samples (the first sample of a process reads 0)."""
+
+    def __init__(self, own_pid: int | None = None):
+        import psutil
+
+        self.psutil = psutil
+        self.own_pid = own_pid or os.getpid()
+        self._procs: dict[int, object] = {}
+        psutil.cpu_percent(None)
+
+    def _ours(self) -> set[int]:
+        try:
+            me = self.psutil.Process(self.own_pid)
+            return {self.own_pid, *(p.pid for p in me.children(recursive=True))}
+        except self.psutil.NoSuchProcess:
+            return {self.own_pid}
+
+    def foreign_cpu_percent(self) -> float:
+        ours, seen, total = self._ours(), set(), 0.0
+        for proc in self.psutil.process_iter(["pid"]):
+            pid = proc.info["pid"]
+            seen.add(pid)
+            if pid in ours or pid == os.getppid():
+                continue
+            cached = self._procs.setdefault(pid, proc)
+            try:
+                total += cached.cpu_percent(None)
+            except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
+                continue
+        for pid in set(self._procs) - seen:
+            del self._procs[pid]
+        return total
+
+    def sample(self) -> dict:
+        psutil = self.psutil
+        mem = psutil.virtual_memory()
+        return {
+            "time": time.time(),
+            "cpu_percent": psutil.cpu_percent(None),
+            "cpus": psutil.cpu_count(),
+            "load": [round(x, 2) for x in os.getloadavg()],
+            "memory_percent": mem.percent,
+            "memory_total_mib": mem.total // 2**20,
+            "users": sorted({u.name for u in psutil.users()}),
+            "foreign_cpu_percent": round(self.foreign_cpu_percent(), 1),
+            "gpus": gpu_sample(),
+        }
+
+
+def gpu_sample() -> list[dict]:
+    """Per GPU: utilisation and memory, through NVML (nvidia-ml-py) where a GPU exists."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver, no GPU: nothing to report
+        return []
+    out = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            util = pynvml.nvmlDeviceGetUtilizationRates(handle)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            out.append(
+                {
+                    "index": i,
+                    "util_percent": util.gpu,
+                    "memory_used_mib": mem.used // 2**20,
+                    "memory_total_mib": mem.total // 2**20,
+                }
+            )
+    finally:
+        pynvml.nvmlShutdown()
+    return out
+
+
+class Courtesy:
+    """Idle / in use from successive samples (pure: the clock and the sample are given)."""
+
+    def __init__(self, policy: IdlePolicy, now: float):
+        self.policy = policy
+        self.state = "idle"
+        self.reason = ""
+        self._busy_since: float | None = None
+        self._quiet_since: float | None = now
+
+    def update(self, sample: dict, now: float, probe_in_use: bool = False) -> str:
+        p = self.policy
+        gpu = max((g.get("util_percent", 0) for g in sample.get("gpus", [])), default=0)
+        busy = sample.get("foreign_cpu_percent", 0) > p.cpu_percent or gpu > p.gpu_percent
+        self._busy_since = (self._busy_since or now) if busy else None
+        reason = ""
+        if sample.get("users"):
+            reason = f"{', '.join(sample['users'])} logged in"
+        elif probe_in_use:
+            reason = "the idle probe says in use"
+        elif self._busy_since is not None and now - self._busy_since >= p.for_seconds:
+            reason = f"other processes use {sample.get('foreign_cpu_percent', 0):.0f}% CPU" + (
+                f" and {gpu}% GPU" if gpu else ""
+            )
+        if reason:
+            self.state, self.reason, self._quiet_since = "in use", reason, None
+        elif self.state == "in use":
+            self._quiet_since = self._quiet_since or now
+            if now - self._quiet_since >= p.idle_after_seconds:
+                self.state, self.reason = "idle", ""
+        return self.state
+
+
+def probe_in_use(command: str) -> bool:
+    """A custom probe: exit code 0 means a person uses this machine."""
+    if not command:
+        return False
+    try:
+        return subprocess.run(command, shell=True, timeout=10, capture_output=True).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
