@@ -339,6 +339,9 @@ class Cluster:
             report = state.read_json(a["files"]["report"]) or {}
             node = self._node_label(a, report)
             status, error = report.get("status", "starting"), report.get("error")
+            if status == "in use" and (report.get("courtesy") or {}).get("reason"):
+                status = f"in use ({report['courtesy']['reason']})"
+            seen = report.get("telemetry") or {}
             how, why = self.backend.agent_state(a)
             if how == "pending":
                 status = f"pending ({why})"
@@ -352,6 +355,10 @@ class Cluster:
                     "target": len(a["ranks"]),
                     "agent": f"pid {a['pid']}" if a.get("pid") else f"job {a.get('job')}",
                     "error": error,
+                    "cpu": seen.get("cpu_percent"),
+                    "mem": seen.get("memory_percent"),
+                    "users": ",".join(seen.get("users", [])),
+                    "gpu": ",".join(f"{g['util_percent']}%" for g in seen.get("gpus", [])),
                     "launch": ", ".join(
                         f"{phase} {sec:.1f}s"
                         for phase, sec in report.get("timings", [])

@@ -10,7 +10,7 @@ from .errors import LoungeError
 
 USAGE = """\
 %lounge start N [--engines ipyparallel|dask] [--backend local|slurm] [--nodes M] [--name NAME]
-               [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart] [--tls]
+               [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart] [--tls] [--courtesy]
                Slurm: [--partition P] [--account A] [--qos Q] [--time 1:00:00]
                [--engines-per-node K] [--cpus-per-engine C] [--mem-per-engine 2G]
                [--gpus-per-node G] [--sbatch=--constraint=a100 ...]
@@ -81,6 +81,7 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     start.add_argument("--timeout", type=positive_float, default=120.0)
     start.add_argument("--no-restart", dest="restart", action="store_false")
     start.add_argument("--tls", action="store_true")
+    start.add_argument("--courtesy", action="store_true")
     slurm = {
         "--partition": str,
         "--account": str,
@@ -149,6 +150,7 @@ def start_options(args: argparse.Namespace) -> dict:
         "timeout": args.timeout,
         "restart": args.restart,
         "tls": args.tls,
+        "courtesy": args.courtesy or None,
     }
 
 
@@ -171,7 +173,20 @@ def format_status(status: dict) -> str:
         head
         + "\n"
         + format_table(
-            status["nodes"], ["node", "status", "ready", "target", "agent", "launch", "error"]
+            status["nodes"],
+            [
+                "node",
+                "status",
+                "ready",
+                "target",
+                "cpu",
+                "mem",
+                "gpu",
+                "users",
+                "agent",
+                "launch",
+                "error",
+            ],
         )
     )
 

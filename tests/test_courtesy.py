@@ -114,7 +114,7 @@ def test_a_person_logging_in_evicts_engines_without_losing_work(kind, lounge_dir
                 (
                     r
                     for r in cluster.nodes_status()
-                    if r["node"] == node and r["status"] == "in use"
+                    if r["node"] == node and r["status"] == "in use (ana logged in)"
                 ),
                 None,
             ),
