@@ -96,6 +96,8 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
         dest = "time_limit" if flag == "--time" else flag[2:].replace("-", "_")
         start.add_argument(flag, dest=dest, type=kind, default=None)
     start.add_argument("--sbatch", dest="extra_directives", action="append", default=None)
+    start.add_argument("--pool", default=None)  # ssh: which inventory pool
+    start.add_argument("--inventory", default=None)  # ssh: which lounge.toml
     scale = sub.add_parser("scale", add_help=False)
     scale.add_argument("n", type=positive_int)
     scale.add_argument("--name")
@@ -126,6 +128,8 @@ def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
 
 
 BACKEND_OPTIONS = (
+    "pool",
+    "inventory",
     "partition",
     "account",
     "qos",

@@ -41,10 +41,33 @@ def slurm_testbed_problem() -> str | None:
     return None
 
 
-@pytest.fixture(params=["local", "slurm"])
-def backend(request):
-    """The contract tests run on every backend; Slurm only where the testbed is up."""
-    if request.param == "slurm":
+def testbed_inventory(path) -> dict:
+    """Backend options for the ssh backend on the testbed's three nodes (their sshd)."""
+    import sys
+
+    text = "".join(
+        f'[[node]]\nname = "node{i}"\nhost = "10.77.0.1{i}"\nuser = "root"\n'
+        f'key = "{os.environ["LOUNGE_TESTBED_KEY"]}"\npython = "{sys.executable}"\n'
+        f'engines = 4\npools = ["gpu"]\n\n'
+        for i in (1, 2, 3)
+    )
+    path.write_text(text)
+    return {
+        "backend": "ssh",
+        "inventory": str(path),
+        "known_hosts": os.environ["LOUNGE_TESTBED_KNOWN_HOSTS"],
+    }
+
+
+@pytest.fixture(params=["local", "slurm", "ssh"])
+def backend(request, tmp_path_factory):
+    """The contract tests run on every backend; Slurm and ssh only where the testbed is up."""
+    if request.param == "ssh":
+        problem = slurm_testbed_problem()  # the same testbed runs both
+        if problem:
+            pytest.skip(problem)
+        yield testbed_inventory(tmp_path_factory.mktemp("inv") / "lounge.toml")
+    elif request.param == "slurm":
         problem = slurm_testbed_problem()
         if problem:
             pytest.skip(problem)

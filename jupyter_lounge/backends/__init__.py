@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..errors import LoungeError
 from .base import Backend
 
-BACKENDS = ("local", "slurm")
+BACKENDS = ("local", "slurm", "ssh")
 
 
 def _ipython_config():
@@ -34,7 +34,7 @@ def make_backend(name: str, **options) -> Backend:
 
         return SlurmBackend(config=_ipython_config(), **options)
     if name == "ssh":
-        raise LoungeError(
-            "The 'ssh' backend is not available yet in this version; use --backend local or slurm."
-        )
+        from .ssh import SSHBackend
+
+        return SSHBackend(**options)
     raise LoungeError(f"Unknown backend {name!r}: use one of {', '.join(BACKENDS)}.")
