@@ -275,6 +275,9 @@ class Cluster:
             if how == "lost":
                 log = tail(a["files"]["log"], 3)
                 where = self._node_label(a, report)
+                if not report and self.status == "starting" and self.backend.may_skip_nodes:
+                    self._skip(a, f"{why}" + (f" ({log})" if log else ""))
+                    continue
                 raise LoungeError(
                     (
                         f"The node agent on {where} is gone: {why}."
@@ -283,6 +286,19 @@ class Cluster:
                     )
                     + (f" Its log ends: {log}" if log else "")
                 )
+
+    def _skip(self, agent: dict, why: str) -> None:
+        """Start without a node that could not be reached (the lounge, unless --strict)."""
+        import warnings
+
+        self.agents.remove(agent)
+        self.n -= len(agent["ranks"])
+        if not self.agents:
+            raise LoungeError(
+                f"No lounge node could be reached; the last: {agent['node']} ({why})."
+            )
+        warnings.warn(f"Lounge node {agent['node']!r} skipped: {why}.", stacklevel=2)
+        self.save()
 
     @staticmethod
     def _node_label(agent: dict, report: dict) -> str:

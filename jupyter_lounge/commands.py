@@ -98,6 +98,7 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     start.add_argument("--sbatch", dest="extra_directives", action="append", default=None)
     start.add_argument("--pool", default=None)  # ssh: which inventory pool
     start.add_argument("--inventory", default=None)  # ssh: which lounge.toml
+    start.add_argument("--strict", action="store_const", const=True, default=None)
     scale = sub.add_parser("scale", add_help=False)
     scale.add_argument("n", type=positive_int)
     scale.add_argument("--name")
@@ -130,6 +131,7 @@ def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
 BACKEND_OPTIONS = (
     "pool",
     "inventory",
+    "strict",
     "partition",
     "account",
     "qos",

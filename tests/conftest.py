@@ -41,7 +41,7 @@ def slurm_testbed_problem() -> str | None:
     return None
 
 
-def testbed_inventory(path) -> dict:
+def inventory_for_testbed(path) -> dict:
     """Backend options for the ssh backend on the testbed's three nodes (their sshd)."""
     import sys
 
@@ -66,7 +66,7 @@ def backend(request, tmp_path_factory):
         problem = slurm_testbed_problem()  # the same testbed runs both
         if problem:
             pytest.skip(problem)
-        yield testbed_inventory(tmp_path_factory.mktemp("inv") / "lounge.toml")
+        yield inventory_for_testbed(tmp_path_factory.mktemp("inv") / "lounge.toml")
     elif request.param == "slurm":
         problem = slurm_testbed_problem()
         if problem:

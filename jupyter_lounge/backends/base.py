@@ -16,6 +16,8 @@ class Backend:
     #: True: scale up by adding ranks to the agents already placed (they fork more engines).
     #: False: scale up by placing new agents (a new allocation).
     grows_in_place = True
+    #: True: a node that cannot be reached at start is left out with a warning.
+    may_skip_nodes = False
 
     def __init__(self, **options):
         self.options = options

@@ -18,7 +18,7 @@ from ..errors import LoungeError
 from ..procs import alive, kill_group, spawn
 from .base import Backend
 
-OPTIONS = ("inventory", "pool", "known_hosts", "ssh_config")
+OPTIONS = ("inventory", "pool", "known_hosts", "ssh_config", "strict")
 
 
 class SSHBackend(Backend):
@@ -32,6 +32,7 @@ class SSHBackend(Backend):
                 f"Unknown ssh option {unknown[0]!r}: use one of {', '.join(OPTIONS)}."
             )
         super().__init__(**options)
+        self.may_skip_nodes = not options.get("strict", False)
         from .. import inventory
 
         self.inventory = inventory.load(options.get("inventory"))
