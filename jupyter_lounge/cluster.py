@@ -250,7 +250,7 @@ class Cluster:
             "engines_per_gpu": self.engines_per_gpu,
             "restart": self.restart,
             "connect_timeout": max(60, self.timeout),
-            "courtesy": self.courtesy,
+            "courtesy": self.courtesy or self.backend.courtesy_for(node),
             "engine_options": {
                 "profile_dir": str(cdir / "profile"),
                 "local_directory": str(cdir / "dask-worker-space"),

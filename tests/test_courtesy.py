@@ -16,7 +16,7 @@ from jupyter_lounge import Lounge, state
 from jupyter_lounge.inventory import IdlePolicy
 from jupyter_lounge.telemetry import Courtesy, Telemetry
 
-from .conftest import slurm_testbed_problem, wait_until
+from .conftest import inventory_for_testbed, slurm_testbed_problem, wait_until
 
 INFRA = Path(__file__).parent / "infra"
 POLICY = IdlePolicy(cpu_percent=50, gpu_percent=20, for_seconds=10, idle_after_seconds=60)
@@ -69,21 +69,23 @@ def test_telemetry_reads_this_machine_and_sees_foreign_cpu():
         keeper.wait()
 
 
-@pytest.mark.parametrize("kind", ["ipyparallel", "dask"])
-def test_a_person_logging_in_evicts_engines_without_losing_work(kind, lounge_dir):
+@pytest.mark.parametrize(
+    "kind, where",
+    [("ipyparallel", "ssh"), ("dask", "ssh"), ("ipyparallel", "slurm"), ("dask", "slurm")],
+)
+def test_a_person_logging_in_evicts_engines_without_losing_work(kind, where, tmp_path, lounge_dir):
     problem = slurm_testbed_problem()
     if problem:
         pytest.skip(problem)
-    courtesy = {"for_seconds": 3, "idle_after_seconds": 4}
-    cluster = Lounge(
-        6,
-        engines=kind,
-        backend="slurm",
-        engines_per_node=2,
-        courtesy=courtesy,
-        wait=True,
-        progress=False,
-    ).start_sync()
+    if where == "ssh":  # the lounge: the inventory's idle policy applies by itself
+        options = inventory_for_testbed(tmp_path / "lounge.toml")
+        with open(options["inventory"], "a") as f:
+            f.write("[idle]\nfor_seconds = 3\nidle_after_seconds = 4\n")
+        options["nodes"] = 3
+    else:
+        courtesy = {"for_seconds": 3, "idle_after_seconds": 4}
+        options = {"backend": "slurm", "engines_per_node": 2, "courtesy": courtesy}
+    cluster = Lounge(6, engines=kind, wait=True, progress=False, **options).start_sync()
     node = None
     try:
         node = cluster.nodes_status()[0]["node"]

@@ -52,6 +52,10 @@ class Backend:
         """("alive" | "pending" | "lost", a reason a person can read)."""
         raise NotImplementedError
 
+    def courtesy_for(self, node: str | None) -> dict | None:
+        """The idle policy a node follows when the cluster names none (None: no yielding)."""
+        return None
+
     def describe(self) -> dict:
         """The options this backend runs with, for status displays."""
         return dict(self.options)

@@ -54,6 +54,12 @@ class SSHBackend(Backend):
             left -= share
         return plan
 
+    def courtesy_for(self, node: str | None) -> dict | None:
+        """Lounge PCs belong to people first: their inventory idle policy always applies."""
+        from dataclasses import asdict
+
+        return asdict(self.nodes[node].idle) if node in self.nodes else None
+
     def listen_address(self) -> str:
         first = next(iter(self.nodes.values()))
         try:
