@@ -16,7 +16,7 @@ USAGE = """\
                [--gpus-per-node G] [--sbatch=--constraint=a100 ...]
 %lounge scale N [--name NAME]     %lounge status [NAME]     %lounge list
 %lounge stop [NAME]               %lounge attach NAME
-%lounge nodes [--pool P] [--inventory lounge.toml]   (the lounge's machines)
+%lounge nodes [--pool P] [--live] [--json] [--inventory lounge.toml]   (the lounge's PCs)
 %%lounge [NAME]                   (as a cell magic: run the cell on every engine)"""
 
 
@@ -109,6 +109,8 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     nodes = sub.add_parser("nodes", add_help=False)
     nodes.add_argument("--inventory")
     nodes.add_argument("--pool")
+    nodes.add_argument("--live", action="store_true")  # ask each node over SSH now
+    nodes.add_argument("--json", action="store_true")
     sub.add_parser("help", add_help=False)
     return parser
 
@@ -198,15 +200,25 @@ def format_status(status: dict) -> str:
 
 
 def format_nodes(args: argparse.Namespace) -> str:
+    """The inventory as a table (or JSON); with --live, each node's state asked over SSH."""
+    import json
+
     from . import inventory
 
     inv = inventory.load(args.inventory)
-    rows = [r for r in inv.rows() if args.pool is None or args.pool in r["pools"].split(",")]
-    if args.pool is not None:
-        inv.select(args.pool)  # an unknown pool is an error, not an empty table
-    return f"{inv.path}:\n" + format_table(
-        rows, ["name", "host", "user", "port", "gpus", "engines", "pools"]
-    )
+    names = {n.name for n in inv.select(args.pool)}  # an unknown pool is an error
+    if args.live:
+        from ._loop import run_sync
+        from .backends.ssh import SSHBackend
+
+        rows = run_sync(SSHBackend(inventory=str(inv.path), pool=args.pool).survey())
+        columns = ["name", "host", "state", "cpu", "mem", "gpu", "users", "pools", "why"]
+    else:
+        rows = [r for r in inv.rows() if r["name"] in names]
+        columns = ["name", "host", "user", "port", "gpus", "engines", "pools"]
+    if args.json:
+        return json.dumps(rows, indent=1)
+    return f"{inv.path}:\n" + format_table(rows, columns)
 
 
 def format_list(rows: list[dict]) -> str:

@@ -56,6 +56,7 @@ class Node:
     user: str = ""
     port: int = 22
     key: str = ""
+    known_hosts: str = ""  # a known_hosts file of its own (default: OpenSSH's)
     python: str = "python3"
     gpus: int = 0
     engines: int = 4
@@ -202,7 +203,7 @@ def _value(key: str, value, here: str):
         return tuple(value)
     if not isinstance(value, str) or (key in ("name", "host") and not value.strip()):
         raise LoungeError(f"{here}: {key!r} must be a non-empty string, not {value!r}.")
-    return os.path.expanduser(value) if key == "key" else value
+    return os.path.expanduser(value) if key in ("key", "known_hosts") else value
 
 
 def _idle(base: IdlePolicy, table: dict, where: _Where, label: str) -> IdlePolicy:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from dataclasses import replace
 
 from .inventory import IdlePolicy
 
@@ -128,6 +129,13 @@ class Courtesy:
         return self.state
 
 
+def snapshot(policy: IdlePolicy, sample: dict) -> tuple[str, str]:
+    """Idle or in use from one sample alone (a survey, not a watch): load above the
+    thresholds counts as it stands, without waiting ``for_seconds``."""
+    court = Courtesy(replace(policy, for_seconds=0), now=0)
+    return court.update(sample, now=0), court.reason
+
+
 def probe_in_use(command: str) -> bool:
     """A custom probe: exit code 0 means a person uses this machine."""
     if not command:
@@ -136,3 +144,18 @@ def probe_in_use(command: str) -> bool:
         return subprocess.run(command, shell=True, timeout=10, capture_output=True).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+def main() -> None:
+    """``python -m jupyter_lounge.telemetry``: one sample of this machine as a JSON line
+    (two looks a second apart, so the CPU of other processes is measured)."""
+    import json
+
+    tel = Telemetry(own_pid=os.getpid())
+    tel.sample()
+    time.sleep(1.0)
+    print(json.dumps(tel.sample()), flush=True)
+
+
+if __name__ == "__main__":
+    main()

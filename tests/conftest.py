@@ -48,6 +48,7 @@ def inventory_for_testbed(path) -> dict:
     text = "".join(
         f'[[node]]\nname = "node{i}"\nhost = "10.77.0.1{i}"\nuser = "root"\n'
         f'key = "{os.environ["LOUNGE_TESTBED_KEY"]}"\npython = "{sys.executable}"\n'
+        f'known_hosts = "{os.environ["LOUNGE_TESTBED_KNOWN_HOSTS"]}"\n'
         f'engines = 4\npools = ["gpu"]\n\n'
         for i in (1, 2, 3)
     )

@@ -56,3 +56,36 @@ def test_more_engines_than_the_pool_has_slots(lounge_toml):
         Lounge(17, progress=False, **lounge_toml).start_sync()
     with pytest.raises(LoungeError, match="Unknown pool 'vision'"):
         Lounge(2, progress=False, pool="vision", **lounge_toml)
+
+
+def test_lounge_nodes_live_asks_every_node(lounge_toml):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    infra = Path(__file__).parent / "infra"
+    subprocess.run([str(infra / "login-node"), "2", "ana"], check=True, timeout=30)
+    try:
+        cmd = [
+            sys.executable,
+            "-m",
+            "jupyter_lounge.cli",
+            "nodes",
+            "--live",
+            "--json",
+            "--inventory",
+            lounge_toml["inventory"],
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=os.environ)
+        assert out.returncode == 0, out.stderr
+        rows = {r["name"]: r for r in json.loads(out.stdout)}
+    finally:
+        subprocess.run([str(infra / "logout-node"), "2"], timeout=30)
+    assert rows["node2"]["state"] == "in use (ana logged in)"
+    assert rows["node2"]["telemetry"]["users"] == ["ana"]
+    assert rows["node1"]["state"] == "idle" and rows["node3"]["state"] == "idle"
+    assert 0 <= rows["node1"]["cpu"] <= 100 and rows["node1"]["mem"] > 0
+    assert rows["pc-off"]["state"] == "offline"
+    assert "Connection refused" in rows["pc-off"]["why"]
