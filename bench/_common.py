@@ -31,3 +31,11 @@ def check_results(values, n: int) -> None:
     values = list(values)
     if len(values) != n or any(v != 64.0 for v in values):
         raise RuntimeError(f"expected {n} results of 64.0, got {values!r}")
+
+
+def markdown_table(head: list[str], rows: list[list[str]]) -> str:
+    """Aligned plain text that is also a markdown table (numbers right-aligned)."""
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |" for r in [head, *rows]]
+    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
+    return "\n".join(lines)

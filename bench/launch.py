@@ -46,7 +46,7 @@ import tempfile
 import time
 
 import psutil
-from _common import TIMEOUT, check_results, with_timeout
+from _common import TIMEOUT, check_results, markdown_table, with_timeout
 
 WAYS = ("ours", "ours-dask", "ipyparallel", "dask", "floor")
 MIB = 2**20
@@ -290,10 +290,7 @@ def table(records: list[dict], sizes: list[int], ways: list[str]) -> str:
             x, y = got.get((n, a, key)), got.get((n, b, key))
             row.append(fmt(x / y if x is not None and y else None, 2))
         rows.append(row)
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |" for r in [head, *rows]]
-    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    return "\n".join(lines)
+    return markdown_table(head, rows)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -54,7 +54,7 @@ import time
 from collections import Counter
 
 import psutil
-from _common import TIMEOUT, check_results, with_timeout
+from _common import TIMEOUT, check_results, markdown_table, with_timeout
 
 CONTROLLER_IP = "10.77.0.1"  # the address of this host that the testbed nodes reach
 WAYS = ("ours", "ours-dask", "ipyparallel", "dask-jobqueue")
@@ -268,10 +268,7 @@ def table(records: list[dict]) -> str:
         secs, ratio = r["seconds"], (r["seconds"] / ours if r["seconds"] and ours else None)
         rows.append([r["way"], str(r["n"]), "-" if secs is None else f"{secs:.1f}"])
         rows[-1] += [str(r["jobs"]), str(r["steps"]), "-" if ratio is None else f"{ratio:.2f}"]
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |" for r in [head, *rows]]
-    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    return "\n".join(lines)
+    return markdown_table(head, rows)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -364,9 +364,9 @@ class NodeAgent:
 
         self.watcher = Telemetry(os.getpid())
         policy = self.spec.get("courtesy")
-        if policy is not None:
+        if policy is not None:  # only then does the first look decide whether to fork
             self.courtesy = Courtesy(IdlePolicy(**policy), time.monotonic())
-        self._watch()
+            self._watch()
 
     def _watch(self) -> None:
         """Sample the machine; stop the engines when a person uses it, fork them back once it

@@ -40,6 +40,24 @@ async def call(cmd: Sequence[str], *, timeout: float = 30, input: bytes | None =
     return out.decode(errors="replace")
 
 
+def run(cmd: Sequence[str], *, timeout: float = 30) -> str:
+    """The synchronous twin of ``call``: stdout, or a LoungeError quoting the command."""
+    try:
+        done = subprocess.run(
+            list(cmd), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+    except FileNotFoundError:
+        raise LoungeError(f"`{cmd[0]}` was not found: is it installed on this machine?") from None
+    except subprocess.TimeoutExpired:
+        raise LoungeTimeout(f"`{shlex.join(cmd)}` did not finish within {timeout:g} s.") from None
+    if done.returncode != 0:
+        raise LoungeError(
+            f"`{shlex.join(cmd)}` failed with exit code {done.returncode}: "
+            f"{done.stderr.strip() or '(no stderr)'}"
+        )
+    return done.stdout
+
+
 def spawn(cmd: Sequence[str], log: Path, env: dict | None = None) -> subprocess.Popen:
     """Start a long-lived process in its own session (it outlives the caller, and its whole
     process group can be signalled at once), with output appended to ``log``."""

@@ -9,10 +9,10 @@ Options come from keyword arguments (the magic and CLI flags) over traitlets con
 
 from __future__ import annotations
 
+import asyncio
 import math
 import shlex
 import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from traitlets import Float, Integer, List, Unicode
 from traitlets.config import Configurable
 
 from ..errors import LoungeError, LoungeTimeout
-from ..procs import call
+from ..procs import call, run, tail
 from .base import Backend
 
 RUNNING = {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STAGE_OUT"}
@@ -140,19 +140,7 @@ class SlurmBackend(Configurable, Backend):
     def _route_to_nodes(self) -> str:
         """The local address that routes to the partition's first node (no packet is sent)."""
         cmd = ["sinfo", "-h", "-N", "-o", "%o"] + (["-p", self.partition] if self.partition else [])
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=self.call_timeout)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise LoungeError(
-                f"Could not ask Slurm for its nodes (`{shlex.join(cmd)}`: {e}); "
-                "is Slurm installed and up?"
-            ) from None
-        if done.returncode != 0:
-            raise LoungeError(
-                f"`{shlex.join(cmd)}` failed with exit code {done.returncode}: "
-                f"{done.stderr.strip() or '(no stderr)'}"
-            )
-        out = done.stdout.split()
+        out = run(cmd, timeout=self.call_timeout).split()
         if not out:
             raise LoungeError(
                 f"`{shlex.join(cmd)}` lists no node; check the partition, or set "
@@ -194,7 +182,7 @@ class SlurmBackend(Configurable, Backend):
                     f"Slurm job(s) {', '.join(jobs)} still in squeue "
                     f"{deadline:.0f} s after scancel; check `squeue -j`."
                 )
-            await _sleep(0.25)
+            await asyncio.sleep(0.25)
         self._jobs_at = 0.0
 
     # -- state -----------------------------------------------------------------------------
@@ -230,17 +218,11 @@ class SlurmBackend(Configurable, Backend):
             return self._jobs
         cmd = [self.status_command, "-h", "--me", "-o", "%i|%T|%r"]
         try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=self.call_timeout)
-        except subprocess.TimeoutExpired:
+            out = run(cmd, timeout=self.call_timeout)
+        except LoungeTimeout:
             return self._jobs  # keep the last answer; the caller's own timeout still runs
-        except OSError as e:
-            raise LoungeError(f"`{cmd[0]}` cannot run ({e}): is Slurm installed here?") from None
-        if out.returncode != 0:
-            raise LoungeError(
-                f"`{shlex.join(cmd)}` failed with exit code {out.returncode}: {out.stderr.strip()}"
-            )
         jobs = {}
-        for line in out.stdout.splitlines():
+        for line in out.splitlines():
             job, state, reason = (line.split("|") + ["", ""])[:3]
             jobs[job.strip()] = (state.strip(), reason.strip())
         self._jobs, self._jobs_at = jobs, time.monotonic()
@@ -250,17 +232,11 @@ class SlurmBackend(Configurable, Backend):
         """Why the job ended, from sacct where accounting runs, else its output file."""
         if job not in self._ended:
             try:
-                out = subprocess.run(
-                    ["sacct", "-n", "-X", "-j", job, "-o", "State,ExitCode"],
-                    capture_output=True,
-                    text=True,
-                    timeout=5,
-                ).stdout.split()
-            except (OSError, subprocess.TimeoutExpired):
+                out = run(["sacct", "-n", "-X", "-j", job, "-o", "State,ExitCode"], timeout=5)
+                out = out.split()
+            except LoungeError:  # no accounting here: the job's output file says more
                 out = []
             if not out:
-                from ..procs import tail
-
                 out = tail(Path(agent["files"]["spec"]).parent / f"slurm-{job}.out", 2).split()
             self._ended[job] = f" ({' '.join(out)})" if out else ""
         return self._ended[job]
@@ -289,9 +265,3 @@ def _megabytes(text: str) -> int:
         raise LoungeError(
             f"Memory per engine {text!r} is not a size: use e.g. 2G or 500M."
         ) from None
-
-
-async def _sleep(seconds: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(seconds)

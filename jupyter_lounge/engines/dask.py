@@ -32,7 +32,7 @@ def _security(tls_dir: Path | str | None):
 
 def make_certificate(cdir: Path) -> None:
     """A self-signed certificate and key (0600) that scheduler, workers and client share."""
-    import subprocess
+    from ..procs import run
 
     key, cert = cdir / "tls-key.pem", cdir / "tls-cert.pem"
     cmd = [
@@ -53,17 +53,7 @@ def make_certificate(cdir: Path) -> None:
         "-addext",
         "basicConstraints=critical,CA:TRUE",
     ]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise LoungeError(
-            f"Could not make a TLS certificate with `openssl` ({e}); install "
-            "openssl or start without --tls."
-        ) from None
-    if out.returncode != 0:
-        raise LoungeError(
-            f"`openssl req` failed with exit code {out.returncode}: {out.stderr.strip()}"
-        )
+    run(cmd, timeout=30)  # a failure quotes openssl's own words
     key.chmod(0o600)
     cert.chmod(0o600)
 
