@@ -41,6 +41,8 @@ def run(argv: list[str]) -> int:
         print(commands.format_list(manager.list()))
     elif args.command == "nodes":
         print(commands.format_nodes(args))
+    elif args.command == "sync":
+        print(commands.format_sync(args))
     elif args.command == "stop":
         if not args.name:
             raise LoungeError("Say which cluster to stop: `lounge stop NAME` (see `lounge list`).")

@@ -218,7 +218,7 @@ class Cluster:
                 f: str(cdir / f"agent-{key}.{f}") for f in ("spec", "control", "report", "log")
             }
             state.write_json(files["control"], {"ranks": ranks, "size": self.n})
-            state.write_json(files["spec"], self._agent_spec(node, ranks, files))
+            state.write_json(files["spec"], self._agent_spec(key, node, ranks, files))
             agents.append(
                 {
                     "key": key,
@@ -234,10 +234,11 @@ class Cluster:
         await self.backend.place(agents, cdir, self.name)
         self.save()
 
-    def _agent_spec(self, node: str | None, ranks: list[int], files: dict) -> dict:
+    def _agent_spec(self, key: str, node: str | None, ranks: list[int], files: dict) -> dict:
         cdir = self.dir
         return {
             "cluster": self.name,
+            "key": key,
             "node": node,
             "engine_kind": self.kind.name,
             "preload": self.preload,

@@ -16,7 +16,9 @@ USAGE = """\
                [--gpus-per-node G] [--sbatch=--constraint=a100 ...]
 %lounge scale N [--name NAME]     %lounge status [NAME]     %lounge list
 %lounge stop [NAME]               %lounge attach NAME
+%lounge start N --backend ssh [--pool P] [--inventory lounge.toml] [--strict] [--sync]
 %lounge nodes [--pool P] [--live] [--json] [--inventory lounge.toml]   (the lounge's PCs)
+%lounge sync [--pool P] [--inventory lounge.toml] [--force]   (ship this env to them once)
 %%lounge [NAME]                   (as a cell magic: run the cell on every engine)"""
 
 
@@ -99,6 +101,7 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     start.add_argument("--pool", default=None)  # ssh: which inventory pool
     start.add_argument("--inventory", default=None)  # ssh: which lounge.toml
     start.add_argument("--strict", action="store_const", const=True, default=None)
+    start.add_argument("--sync", action="store_const", const=True, default=None)
     scale = sub.add_parser("scale", add_help=False)
     scale.add_argument("n", type=positive_int)
     scale.add_argument("--name")
@@ -111,6 +114,11 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     nodes.add_argument("--pool")
     nodes.add_argument("--live", action="store_true")  # ask each node over SSH now
     nodes.add_argument("--json", action="store_true")
+    sync = sub.add_parser("sync", add_help=False)
+    sync.add_argument("--inventory")
+    sync.add_argument("--pool")
+    sync.add_argument("--force", action="store_true")  # ship even where it is present
+    sync.add_argument("--json", action="store_true")
     sub.add_parser("help", add_help=False)
     return parser
 
@@ -124,7 +132,7 @@ def usage(prog: str = "%lounge") -> str:
 def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
     if not words:
         raise LoungeError(f"Say what to do, e.g. `{prog} start 8`; see `{prog} help`.")
-    known = ("start", "scale", "status", "stop", "attach", "list", "nodes", "help")
+    known = ("start", "scale", "status", "stop", "attach", "list", "nodes", "sync", "help")
     if words[0] not in known:
         raise LoungeError(f"Unknown command {words[0]!r}: use one of {', '.join(known)}.")
     return build_parser(prog).parse_args(words)
@@ -134,6 +142,7 @@ BACKEND_OPTIONS = (
     "pool",
     "inventory",
     "strict",
+    "sync",
     "partition",
     "account",
     "qos",
@@ -219,6 +228,24 @@ def format_nodes(args: argparse.Namespace) -> str:
     if args.json:
         return json.dumps(rows, indent=1)
     return f"{inv.path}:\n" + format_table(rows, columns)
+
+
+def format_sync(args: argparse.Namespace) -> str:
+    """Preposition this environment on the lounge's nodes; one row per node saying what
+    happened. Raises when no node has it afterwards."""
+    import json
+
+    from ._loop import run_sync
+    from .backends.ssh import SSHBackend
+
+    backend = SSHBackend(inventory=args.inventory, pool=args.pool)
+    rows = run_sync(backend.sync(force=args.force))
+    if not any(r["status"] in ("present", "shipped") for r in rows):
+        why = "; ".join(f"{r['node']}: {r['status'].removeprefix('failed: ')}" for r in rows)
+        raise LoungeError(f"No lounge node has the environment now ({why}).")
+    if args.json:
+        return json.dumps(rows, indent=1)
+    return format_table(rows, ["node", "status", "MiB", "seconds", "env"])
 
 
 def format_list(rows: list[dict]) -> str:

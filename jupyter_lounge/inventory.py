@@ -5,7 +5,8 @@ Default ``~/.config/jupyter_lounge/lounge.toml`` (or ``$JUPYTER_LOUNGE_INVENTORY
     [defaults]                 # applies to every node unless the node says otherwise
     user = "lounge"
     key = "~/.ssh/id_ed25519"
-    python = "/opt/lounge/venv/bin/python"
+    python = "/opt/lounge/venv/bin/python"   # or let `lounge sync` preposition this one's
+    local_dir = "/var/tmp/lounge"            # node-local disk (default ~/.cache/jupyter_lounge)
     engines = 4
 
     [idle]                     # when a PC counts as in use (HTCondor-style courtesy)
@@ -58,6 +59,7 @@ class Node:
     key: str = ""
     known_hosts: str = ""  # a known_hosts file of its own (default: OpenSSH's)
     python: str = "python3"
+    local_dir: str = "~/.cache/jupyter_lounge"  # node-local: prepositioned envs, agent files
     gpus: int = 0
     engines: int = 4
     pools: tuple[str, ...] = ()

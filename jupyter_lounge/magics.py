@@ -47,6 +47,8 @@ class LoungeMagics(Magics):
             print(commands.format_list(manager.list()))
         elif args.command == "nodes":
             print(commands.format_nodes(args))
+        elif args.command == "sync":
+            print(commands.format_sync(args))
         elif args.command == "stop":
             if args.name:
                 manager.stop(args.name)

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import gc
 import importlib
+import json
 import os
+import select
+import shutil
 import signal
 import socket
 import sys
@@ -122,11 +125,67 @@ def _reseed(rank: int) -> None:
         np.random.seed(seed)
 
 
+class StdioLink:
+    """The agent's side of an SSH session when the node shares no file system with the
+    cluster (``--stdio``): JSON lines in on stdin (the spec first, then the connection files
+    and every control change), reports out on the original stdout. The agent's own stdout
+    and its engines' go to stderr, so nothing but reports travels on the report stream; a
+    closed stdin means the session is gone. No thread: the agent polls it with ``select``."""
+
+    def __init__(self):
+        self.out = os.dup(1)
+        os.set_inheritable(self.out, False)
+        os.dup2(2, 1)
+        self.buf = b""
+        self.closed = False
+
+    def first(self) -> dict:
+        while b"\n" not in self.buf:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                raise SystemExit("node agent: stdin closed before the spec arrived")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)["spec"]
+
+    def messages(self, timeout: float) -> list[dict]:
+        """What arrived within ``timeout`` seconds (returns at once when something did)."""
+        if self.closed:
+            time.sleep(timeout)
+            return []
+        ready, _, _ = select.select([0], [], [], timeout)
+        if ready:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                self.closed = True
+            self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def send(self, message: dict) -> None:
+        try:
+            os.write(self.out, json.dumps(message, separators=(",", ":")).encode() + b"\n")
+        except OSError:  # the session is gone; the stdin side notices and stops the agent
+            self.closed = True
+
+    def close_in_child(self) -> None:
+        """In a forked engine: the link is the agent's alone."""
+        os.close(self.out)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+
+
 class NodeAgent:
-    def __init__(self, spec_path: str):
-        self.spec = read_json(spec_path)
-        if self.spec is None:
-            raise SystemExit(f"node agent: cannot read spec file {spec_path}")
+    def __init__(self, spec_path: str | None = None, *, stdio: bool = False):
+        self.stdio = StdioLink() if stdio else None
+        self.run_dir: str | None = None  # node-local folder of a stdio agent, removed at exit
+        if self.stdio is not None:
+            self.spec = self._localize(self.stdio.first())
+        else:
+            self.spec = read_json(spec_path)
+            if self.spec is None:
+                raise SystemExit(f"node agent: cannot read spec file {spec_path}")
         s = self.spec
         self.node = s.get("node") or socket.gethostname().split(".")[0]
         self.gpus = detect_gpus() if s.get("gpus") is None else [str(g) for g in s["gpus"]]
@@ -155,30 +214,70 @@ class NodeAgent:
 
     # -- reporting ---------------------------------------------------------------------------
     def report(self) -> None:
-        write_json(
-            self.report_path,
-            {
-                "node": self.node,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "status": self.status,
-                "error": self.error,
-                "engines": self.engines,
-                "time": time.time(),
-                "timings": self.timings,
-                "telemetry": self.telemetry,
-                "courtesy": None
-                if self.courtesy is None
-                else {"state": self.courtesy.state, "reason": self.courtesy.reason},
-            },
-        )
+        report = {
+            "node": self.node,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "status": self.status,
+            "error": self.error,
+            "engines": self.engines,
+            "time": time.time(),
+            "timings": self.timings,
+            "telemetry": self.telemetry,
+            "courtesy": None
+            if self.courtesy is None
+            else {"state": self.courtesy.state, "reason": self.courtesy.reason},
+        }
+        write_json(self.report_path, report)
+        if self.stdio is not None:
+            self.stdio.send(report)
 
     def fail(self, message: str, code: int = 3) -> None:
         self.status, self.error = "failed", message
         print(f"node agent {self.node}: {message}", file=sys.stderr, flush=True)
         self.report()
         self.stop_children()
+        self._remove_run_dir()
         sys.exit(code)
+
+    # -- a node that shares no file system (the lounge over SSH) ------------------------------
+    def _localize(self, spec: dict) -> dict:
+        """Point the spec's files at a private node-local folder (the cluster's own paths are
+        on the machine that runs the controller, not here)."""
+        base = os.path.expanduser(spec.get("local_dir") or "~/.cache/jupyter_lounge")
+        run = os.path.join(base, "run", f"{spec['cluster']}.{spec['key']}")
+        os.makedirs(run, mode=0o700, exist_ok=True)
+        os.chmod(run, 0o700)
+        self.run_dir = run
+        spec["connection_file"] = os.path.join(run, "connection.json")
+        spec["control_file"] = os.path.join(run, "control.json")
+        spec["report_file"] = os.path.join(run, "report.json")
+        options = spec.setdefault("engine_options", {})
+        options["profile_dir"] = os.path.join(run, "profile")
+        os.makedirs(options["profile_dir"], mode=0o700, exist_ok=True)
+        options["local_directory"] = os.path.join(run, "dask-worker-space")
+        if options.get("tls_dir"):
+            options["tls_dir"] = run
+        return spec
+
+    def _take_messages(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the link; write what it brings to the node-local files."""
+        if self.stdio is None:
+            time.sleep(timeout)
+            return
+        for message in self.stdio.messages(timeout):
+            for name, text in (message.get("files") or {}).items():
+                path = os.path.join(self.run_dir, os.path.basename(name))
+                fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(text)
+                os.replace(path + ".tmp", path)
+            if "control" in message:
+                write_json(self.control_path, message["control"])
+                self._hup = True
+        if self.stdio.closed and not self.stopping:
+            self.error = "the SSH session to this node ended; engines taken down"
+            self.stopping = True
 
     # -- startup -----------------------------------------------------------------------------
     def preload(self) -> None:
@@ -213,7 +312,7 @@ class NodeAgent:
                 self.shutdown()
             if time.monotonic() > deadline:
                 self.fail(f"timed out waiting for the controller's connection file {path}")
-            time.sleep(0.05)
+            self._take_messages(0.05)
         self.probe_addr = self.kind.probe_address(read_json(path))
 
     # -- engines -----------------------------------------------------------------------------
@@ -238,6 +337,8 @@ class NodeAgent:
                 _set_parent_death_signal()
                 if os.getppid() != self.agent_pid:
                     os._exit(1)
+                if self.stdio is not None:
+                    self.stdio.close_in_child()
                 for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
                 os.environ.update(
@@ -355,7 +456,12 @@ class NodeAgent:
             entry["state"] = "exited"
         self.status = reason
         self.report()
+        self._remove_run_dir()
         sys.exit(0)
+
+    def _remove_run_dir(self) -> None:
+        if self.run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # -- courtesy ----------------------------------------------------------------------------
     def _start_watching(self) -> None:
@@ -395,6 +501,7 @@ class NodeAgent:
         if not self.children and self.status in ("starting", "preloading"):
             self.status = "stopped"  # nothing forked yet: leave now, not after the import
             self.report()
+            self._remove_run_dir()
             os._exit(0)
         self.stopping = True
 
@@ -435,14 +542,17 @@ class NodeAgent:
                 changed = True  # a report every probe is the agent's heartbeat
             if changed:
                 self.report()
-            time.sleep(POLL_S)
+            self._take_messages(POLL_S)
         self.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--stdio"]:  # the spec and everything after it come over stdin (see StdioLink)
+        NodeAgent(stdio=True).run()
+        return
     if len(argv) != 1:
-        raise SystemExit("usage: python -m jupyter_lounge.node SPEC.json")
+        raise SystemExit("usage: python -m jupyter_lounge.node SPEC.json | --stdio")
     # One command for every task of a Slurm step: "{task}" is this task's number.
     NodeAgent(argv[0].replace("{task}", os.environ.get("SLURM_PROCID", "0"))).run()
 

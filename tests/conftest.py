@@ -41,6 +41,30 @@ def slurm_testbed_problem() -> str | None:
     return None
 
 
+def node_processes(index: int, pattern: str = "jupyter_lounge") -> list[str]:
+    """Command lines of the live processes on testbed node ``index`` (its own pid namespace)
+    that mention ``pattern``: agents and the engines they fork."""
+    testbed = os.environ.get("LOUNGE_TESTBED", "/tmp/lounge-testbed")
+    try:
+        init = int(open(f"{testbed}/node{index}.pid").read())
+        ns = os.readlink(f"/proc/{init}/ns/pid")
+    except (OSError, ValueError):
+        return []  # the node is down: nothing runs on it
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if os.readlink(f"/proc/{proc.pid}/ns/pid") != ns:
+                continue
+            line = " ".join(proc.info["cmdline"] or ())
+            if pattern in line:
+                found.append(f"{proc.pid} {line}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
+            continue
+    return found
+
+
 def inventory_for_testbed(path) -> dict:
     """Backend options for the ssh backend on the testbed's three nodes (their sshd)."""
     import sys
@@ -49,7 +73,7 @@ def inventory_for_testbed(path) -> dict:
         f'[[node]]\nname = "node{i}"\nhost = "10.77.0.1{i}"\nuser = "root"\n'
         f'key = "{os.environ["LOUNGE_TESTBED_KEY"]}"\npython = "{sys.executable}"\n'
         f'known_hosts = "{os.environ["LOUNGE_TESTBED_KNOWN_HOSTS"]}"\n'
-        f'engines = 4\npools = ["gpu"]\n\n'
+        f'engines = 4\npools = ["gpu"]\nlocal_dir = "/var/local/lounge"\n\n'
         for i in (1, 2, 3)
     )
     path.write_text(text)

@@ -2,12 +2,59 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
 import pytest
 
 from jupyter_lounge import Lounge, state
 from jupyter_lounge.errors import LoungeError
 
-from .conftest import inventory_for_testbed, processes_under, slurm_testbed_problem
+from .conftest import (
+    inventory_for_testbed,
+    node_processes,
+    processes_under,
+    slurm_testbed_problem,
+    wait_until,
+)
+
+INFRA = Path(__file__).parent / "infra"
+TESTBED = Path(os.environ.get("LOUNGE_TESTBED", "/tmp/lounge-testbed"))
+
+
+def nothing_left_on_the_nodes() -> None:
+    left = wait_until(
+        lambda: not any(node_processes(i) for i in (1, 2, 3)) or "none",
+        15,
+        "every agent and engine on the nodes to exit",
+    )
+    assert left == "none" or left is True
+    for i in (1, 2, 3):  # and no agent folder is left on the node's own disk
+        run = TESTBED / "local" / f"node{i}" / "lounge" / "run"
+        assert not run.exists() or not [p for p in run.iterdir() if "bench" not in p.name]
+
+
+def ssh_node(index: int, command: str, timeout: float = 30) -> str:
+    cmd = [
+        "ssh",
+        "-F",
+        os.environ["LOUNGE_TESTBED_SSH_CONFIG"],
+        "-i",
+        os.environ["LOUNGE_TESTBED_KEY"],
+        "-o",
+        f"UserKnownHostsFile={os.environ['LOUNGE_TESTBED_KNOWN_HOSTS']}",
+        "-o",
+        "BatchMode=yes",
+        f"root@10.77.0.1{index}",
+        command,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True).stdout
 
 
 @pytest.fixture
@@ -33,6 +80,7 @@ def test_engines_on_every_node_of_the_pool(lounge_toml, lounge_dir):
     finally:
         cluster.stop_sync()
     assert processes_under(str(lounge_dir)) == []
+    nothing_left_on_the_nodes()
 
 
 def test_an_unreachable_node_is_skipped_with_a_warning(lounge_toml, lounge_dir):
@@ -59,13 +107,7 @@ def test_more_engines_than_the_pool_has_slots(lounge_toml):
 
 
 def test_lounge_nodes_live_asks_every_node(lounge_toml):
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    infra = Path(__file__).parent / "infra"
+    infra = INFRA
     subprocess.run([str(infra / "login-node"), "2", "ana"], check=True, timeout=30)
     try:
         cmd = [
@@ -89,3 +131,176 @@ def test_lounge_nodes_live_asks_every_node(lounge_toml):
     assert 0 <= rows["node1"]["cpu"] <= 100 and rows["node1"]["mem"] > 0
     assert rows["pc-off"]["state"] == "offline"
     assert "Connection refused" in rows["pc-off"]["why"]
+
+
+@pytest.mark.parametrize("kind", ["ipyparallel", "dask"])
+def test_nodes_need_no_shared_file_system(kind, lounge_toml, monkeypatch):
+    """The cluster's folder is on this machine's own /var/local, which no node sees (each has
+    its own): spec, connection files, TLS key and control reach the agents over the SSH
+    session, reports come back on it, and nothing secret is on any command line."""
+    here_only = Path("/var/local") / f"lounge-test-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("JUPYTER_LOUNGE_DIR", str(here_only))
+    assert not ssh_node(1, f"ls -d {here_only} 2>/dev/null || true").strip()
+    cluster = Lounge(6, engines=kind, nodes=3, tls=True, wait=True, progress=False, **lounge_toml)
+    cluster.start_sync()
+    try:
+        df = cluster.map(
+            lambda x: (x, __import__("socket").gethostname()), range(12), progress=False
+        )
+        assert [r[0] for r in df.result] == list(range(12))
+        assert {r[1] for r in df.result} == {"node1", "node2", "node3"}
+        agents = node_processes(2, "jupyter_lounge.node")
+        assert agents and all(
+            a.split(" ", 1)[1].endswith("-m jupyter_lounge.node --stdio") for a in agents
+        )
+        run = ssh_node(2, "ls /var/local/lounge/run/").split()
+        assert f"{cluster.name}.0.1" in run
+        files = ssh_node(2, f"ls /var/local/lounge/run/{cluster.name}.0.1").split()
+        assert "connection.json" in files and "report.json" in files
+        assert ("tls-key.pem" in files) == (kind == "dask")  # ipyparallel's keys are in the file
+        cluster.scale_sync(9)  # control travels the same way
+        cluster.wait_for_engines_sync(9, timeout=60)
+        assert cluster.nodes_status()[1]["target"] == 3
+    finally:
+        cluster.stop_sync()
+        import shutil
+
+        shutil.rmtree(here_only, ignore_errors=True)
+    nothing_left_on_the_nodes()
+
+
+def test_a_cpu_burner_evicts_engines_without_losing_work(lounge_toml, lounge_dir):
+    """A person starts a game on node2: a foreign process burning a CPU. Its engines leave
+    within the policy's seconds, the map finishes complete, and they come back once it is
+    gone and the node has been quiet."""
+    with open(lounge_toml["inventory"], "a") as f:
+        f.write("[idle]\ncpu_percent = 30\nfor_seconds = 2\nidle_after_seconds = 3\n")
+    cluster = Lounge(6, nodes=3, wait=True, progress=False, **lounge_toml).start_sync()
+    burner = "python3 -c 'while True: pass' lounge-test-game"
+    try:
+        assert [r["node"] for r in cluster.nodes_status()] == ["node1", "node2", "node3"]
+
+        def arrive():
+            time.sleep(1.5)
+            ssh_node(2, f"setsid {burner} </dev/null >/dev/null 2>&1 &")
+
+        threading.Thread(target=arrive).start()
+
+        def slow(x):
+            import socket
+            import time
+
+            time.sleep(0.5)
+            return x, socket.gethostname()
+
+        started = time.monotonic()
+        df = cluster.map(slow, range(30), progress=False, timeout=120)
+        assert df.error.isna().all(), df.error.dropna().tolist()
+        assert [r[0] for r in df.result] == list(range(30))
+        row = wait_until(
+            lambda: next(
+                (
+                    r
+                    for r in cluster.nodes_status()
+                    if r["node"] == "node2" and r["status"].startswith("in use (")
+                ),
+                None,
+            ),
+            15,
+            "node2 reported in use",
+        )
+        assert "CPU" in row["status"], row
+        assert [r["node"] for r in cluster.nodes_status() if r["status"] != "running"] == ["node2"]
+        evicted_by = time.monotonic() - started
+        wait_until(lambda: len(cluster.registered()) == 4, 10, "node2's engines to leave")
+        assert evicted_by < 20
+        assert not node_processes(2, "jupyter_lounge.node --stdio")[1:]  # only the agent
+        ssh_node(2, "pkill -f lounge-test-gam[e] || true")
+        cluster.wait_for_engines_sync(6, timeout=40)
+        assert cluster.nodes_status()[1]["status"] == "running"
+    finally:
+        subprocess.run(["pkill", "-f", "lounge-test-game"], timeout=10)
+        cluster.stop_sync()
+    nothing_left_on_the_nodes()
+
+
+@pytest.mark.parametrize("kind", ["ipyparallel", "dask"])
+def test_node_power_cut_mid_map_loses_no_item(kind, lounge_toml, lounge_dir):
+    cluster = Lounge(6, engines=kind, nodes=3, wait=True, progress=False, **lounge_toml)
+    cluster.start_sync()
+    try:
+
+        def slow(x):
+            import socket
+            import time
+
+            time.sleep(0.5)
+            return x, socket.gethostname()
+
+        threading.Timer(1.5, subprocess.run, ([str(INFRA / "kill-node"), "3"],)).start()
+        df = cluster.map(slow, range(30), progress=False, timeout=120)
+        assert df.error.isna().all(), df.error.dropna().tolist()
+        assert [r[0] for r in df.result] == list(range(30))
+        assert "node3" not in {r[1] for r in df.result[-6:]}
+        row = wait_until(
+            lambda: next(
+                (
+                    r
+                    for r in cluster.nodes_status()
+                    if r["node"] == "node3" and r["status"] == "lost"
+                ),
+                None,
+            ),
+            30,
+            "node3 reported lost",
+        )
+        assert "SSH session" in row["error"], row
+    finally:
+        cluster.stop_sync()
+        subprocess.run(
+            [str(INFRA / "reup"), "3", "8"], capture_output=True, timeout=300, check=True
+        )  # power the testbed's node back on
+    assert state.list_states() == [] and processes_under(str(lounge_dir)) == []
+    nothing_left_on_the_nodes()
+
+
+def test_lounge_sync_ships_once_then_agents_run_the_prepositioned_python(lounge_toml, lounge_dir):
+    """`lounge sync` puts this virtualenv (jupyter_lounge included, editable here) on each
+    node's own disk; a second sync ships nothing; `--sync` starts run that python."""
+    import shutil
+
+    shutil.rmtree(TESTBED / "local" / "node1" / "lounge" / "envs", ignore_errors=True)
+    cmd = [sys.executable, "-m", "jupyter_lounge.cli", "sync", "--json", "--pool", "gpu"]
+    cmd += ["--inventory", lounge_toml["inventory"]]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    rows = {r["node"]: r for r in json.loads(first.stdout)}
+    assert rows["node1"]["status"] == "shipped" and rows["node1"]["MiB"] > 100
+    assert {r["status"] for r in rows.values()} <= {"shipped", "present"}
+    assert rows["pc-off"]["status"].startswith("failed: ")  # port 2 refuses: said, not fatal
+    env = rows["node1"]["env"]
+    assert env.startswith("/var/local/lounge/envs/")
+    assert not Path(env).exists()  # on the node's own disk, not on this machine
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    again = {r["node"]: r for r in json.loads(second.stdout)}
+    assert {again[n]["status"] for n in ("node1", "node2", "node3")} == {"present"}
+    assert all(again[n]["MiB"] == 0 for n in ("node1", "node2", "node3"))
+
+    cluster = Lounge(3, nodes=3, sync=True, wait=True, progress=False, **lounge_toml)
+    cluster.start_sync()
+    try:
+
+        def where(_):
+            import sys
+
+            import jupyter_lounge
+
+            return sys.executable, jupyter_lounge.__file__
+
+        df = cluster.map(where, range(6), progress=False)
+        assert {r[0] for r in df.result} == {env + "/bin/python"}
+        assert all(r[1].startswith(env + "/lib/") for r in df.result)
+    finally:
+        cluster.stop_sync()
+    nothing_left_on_the_nodes()

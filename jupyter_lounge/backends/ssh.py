@@ -1,10 +1,12 @@
 """The lounge over SSH: one OpenSSH session per node from the inventory, all opened at once,
 each running that node's agent, which forks the node's engines.
 
-This first version needs the lounge dir on a file system the nodes share (the agent reads its
-spec and the connection file there and writes its report there), as the testbed has; shipping
-them over the SSH session for machines that share nothing is the next step. Host keys are
-checked against known_hosts (``BatchMode``, ``StrictHostKeyChecking=yes``).
+The nodes share no file system with this machine: each session is driven by a local relay
+(``jupyter_lounge.relay``) that sends the agent its spec, the connection file and every
+control change on the session's stdin, and writes the agent's reports from its stdout to the
+cluster's report file. The agent keeps its files in a private folder under the node's
+``local_dir``. Host keys are checked against known_hosts (``BatchMode``,
+``StrictHostKeyChecking=yes``).
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ import asyncio
 import json
 import shlex
 import socket
+import sys
 from pathlib import Path
 
 from ..errors import LoungeError
 from ..procs import alive, kill_group, spawn
+from ..state import read_json, write_json
+from ..sync import remote_path
 from .base import Backend
 
-OPTIONS = ("inventory", "pool", "known_hosts", "ssh_config", "strict")
+OPTIONS = ("inventory", "pool", "known_hosts", "ssh_config", "strict", "sync")
 
 
 class SSHBackend(Backend):
@@ -38,6 +43,7 @@ class SSHBackend(Backend):
 
         self.inventory = inventory.load(options.get("inventory"))
         self.nodes = {n.name: n for n in self.inventory.select(options.get("pool"))}
+        self.pythons: dict[str, str] = {}  # node -> its prepositioned python, after sync
 
     def plan(self, n: int, nodes: int | None) -> list[tuple[str | None, int]]:
         chosen = list(self.nodes.values())[: nodes or None]
@@ -100,15 +106,37 @@ class SSHBackend(Backend):
             cmd += ["-l", node.user]
         return [*cmd, node.host]
 
+    async def sync(self, names: list[str] | None = None, force: bool = False) -> list[dict]:
+        """Preposition this environment on the nodes (see ``jupyter_lounge.sync``); the agents
+        started after it run the prepositioned python."""
+        from ..sync import sync
+
+        return await sync(self, names, force)
+
     async def place(self, agents: list[dict], cdir: Path, cluster: str) -> None:
+        if self.options.get("sync"):
+            import warnings
+
+            for row in await self.sync(sorted({a["node"] for a in agents})):
+                if row["status"].startswith("failed"):
+                    warnings.warn(
+                        f"Lounge node {row['node']!r}: the environment could not be synced "
+                        f"({row['status'].removeprefix('failed: ')}).",
+                        stacklevel=2,
+                    )
         for agent in agents:
             node = self.nodes[agent["node"]]
-            remote = [node.python, "-m", "jupyter_lounge.node", agent["files"]["spec"]]
+            spec = read_json(agent["files"]["spec"])
+            spec["local_dir"] = node.local_dir
+            write_json(agent["files"]["spec"], spec)
+            python = self.pythons.get(node.name, node.python)
+            remote = f"exec {remote_path(python)} -m jupyter_lounge.node --stdio"
+            relay = [sys.executable, "-m", "jupyter_lounge.relay", agent["files"]["spec"]]
             proc = spawn(
-                [*self.ssh_command(node.name), "--", shlex.join(remote)],
+                [*relay, "--", *self.ssh_command(node.name), "--", remote],
                 Path(agent["files"]["log"]),
             )
-            agent.update(pid=proc.pid, host=node.host)
+            agent.update(pid=proc.pid, host=node.host, python=python)
 
     async def release(self, agents: list[dict], grace: float) -> None:
         # The control files already say stop; give the agents a moment, then end sessions.

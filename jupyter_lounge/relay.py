@@ -1,0 +1,128 @@
+"""The local end of a node agent reached over SSH, for nodes that share no file system.
+
+``python -m jupyter_lounge.relay SPEC.json -- ssh ... node python -m jupyter_lounge.node --stdio``
+
+The relay runs here, beside the controller, in the agent's place: the cluster reads and writes
+the same spec, control and report files as for any other agent, and the relay carries them
+over the SSH session's stdin and stdout (so no connection info is ever on a command line, and
+nothing needs a shared file system):
+
+* to the agent, as JSON lines: the spec first; the connection file (and the TLS certificate
+  and key, when the cluster has them) once the controller has written it; the control file
+  whenever it changes (polled, and at once on SIGHUP);
+* from the agent: its reports, written to the local report file.
+
+SIGTERM asks the agent to stop (as the control file does) and ends the session after a grace
+period. The relay exits when the session ends, with its exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .state import read_json, write_json
+
+POLL_S = 0.2
+STOP_GRACE_S = 8.0
+
+
+class Relay:
+    def __init__(self, spec_path: str, ssh: list[str]):
+        self.spec = read_json(spec_path)
+        if self.spec is None:
+            raise SystemExit(f"relay: cannot read spec file {spec_path}")
+        self.ssh = ssh
+        self.files_sent = False
+        self.control_mtime = 0.0
+        self.hup = False
+        self.term_at: float | None = None
+        self.stop_sent = False
+
+    def send(self, message: dict) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            pass  # the session ended; the loop sees it on stdout
+
+    def connection_files(self) -> dict | None:
+        """The files an agent needs to reach the controller, once they all exist."""
+        path = Path(self.spec["connection_file"])
+        if read_json(path) is None:
+            return None
+        files = {"connection.json": path.read_text()}
+        tls_dir = (self.spec.get("engine_options") or {}).get("tls_dir")
+        if tls_dir:
+            for name in ("tls-cert.pem", "tls-key.pem"):  # Dask's; ipyparallel's are in the file
+                if (Path(tls_dir) / name).exists():
+                    files[name] = (Path(tls_dir) / name).read_text()
+        return files
+
+    def forward_control(self) -> None:
+        try:
+            mtime = os.stat(self.spec["control_file"]).st_mtime
+        except FileNotFoundError:
+            return
+        if mtime != self.control_mtime or self.hup:
+            self.control_mtime, self.hup = mtime, False
+            control = read_json(self.spec["control_file"])
+            if control is not None:
+                self.send({"control": control})
+
+    def run(self) -> int:
+        signal.signal(signal.SIGHUP, lambda *_: setattr(self, "hup", True))
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        self.proc = subprocess.Popen(self.ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.send({"spec": self.spec})
+        out, buf = self.proc.stdout.fileno(), b""
+        while True:
+            if not self.files_sent:
+                files = self.connection_files()
+                if files is not None:
+                    self.send({"files": files})
+                    self.files_sent = True
+            self.forward_control()
+            if self.term_at is not None and not self.stop_sent:
+                self.send({"control": {"stop": True}})
+                self.stop_sent = True
+            if self.term_at is not None and time.monotonic() - self.term_at > STOP_GRACE_S:
+                self.proc.kill()
+            try:
+                ready, _, _ = select.select([out], [], [], POLL_S)
+            except InterruptedError:
+                continue
+            if not ready:
+                continue
+            chunk = os.read(out, 1 << 16)
+            if not chunk:
+                return self.proc.wait()
+            *lines, buf = (buf + chunk).split(b"\n")
+            for line in lines:
+                try:
+                    report = json.loads(line)
+                except ValueError:
+                    continue
+                write_json(self.spec["report_file"], report)
+
+    def _on_term(self, signum, frame) -> None:
+        if self.term_at is None:
+            self.term_at = time.monotonic()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 3 or argv[1] != "--":
+        raise SystemExit("usage: python -m jupyter_lounge.relay SPEC.json -- SSH COMMAND...")
+    sys.exit(Relay(argv[0], argv[2:]).run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""Environment prepositioning: this virtualenv, shipped once to each lounge node's local disk.
+
+``lounge sync`` (or ``--sync`` on start) puts the environment the notebook runs in (its
+virtualenv, with jupyter_lounge itself even when it is an editable install) on every node at
+``<local_dir>/envs/<fingerprint>/``, and the agents then run its ``bin/python``. The
+fingerprint is a content hash: the Python version and base interpreter, every installed
+distribution's RECORD (which lists the sha256 of each file it installed) and jupyter_lounge's
+own source. A node that already has that fingerprint is not shipped to again, so only a
+changed environment travels. All nodes are asked at once; the nodes that need it receive one
+tar stream, written to all their SSH sessions together, unpacked into a temporary folder and
+renamed into place only when complete (an interrupted sync never leaves a half environment).
+
+A virtualenv points at its base interpreter (``home`` in ``pyvenv.cfg``); a node must have
+the same base Python at the same path, as identically imaged lounge PCs do. The sync checks
+this first and says so when a node lacks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import time
+from pathlib import Path
+
+from .errors import LoungeError
+from .procs import call
+
+MARKER = ".lounge-env"
+
+
+def _source_dir() -> Path:
+    return Path(__file__).resolve().parent
+
+
+def base_python() -> str:
+    """The interpreter this virtualenv was made from (what a node must also have)."""
+    cfg = Path(sys.prefix) / "pyvenv.cfg"
+    if sys.prefix == sys.base_prefix or not cfg.exists():
+        raise LoungeError(
+            "`lounge sync` ships a virtualenv, and this Python is not running in one: create "
+            "one (python -m venv), install jupyter_lounge and your packages into it, and run "
+            "from it."
+        )
+    for line in cfg.read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home":
+            return str(Path(value.strip()) / f"python{sys.version_info[0]}")
+    raise LoungeError(f"{cfg} names no 'home' (the base interpreter) and cannot be shipped.")
+
+
+def fingerprint() -> str:
+    """A content hash of this environment (16 hex digits)."""
+    h = hashlib.sha256()
+    h.update(f"{sys.version}\n{base_python()}\n".encode())
+    site = Path(sysconfig.get_paths()["purelib"])
+    for record in sorted(site.glob("*.dist-info/RECORD")):
+        h.update(record.parent.name.encode() + b"\n" + record.read_bytes())
+    source = _source_dir()
+    for path in sorted(source.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            h.update(str(path.relative_to(source)).encode() + b"\n" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def remote_path(path: str) -> str:
+    """A path for the node's shell: ``~/x`` becomes ``"$HOME"/x``, the rest is quoted."""
+    if path == "~" or path.startswith("~/"):
+        return '"$HOME"' + (shlex.quote(path[1:]) if len(path) > 1 else "")
+    return shlex.quote(path)
+
+
+def env_dir(local_dir: str, fp: str) -> str:
+    return f"{local_dir.rstrip('/')}/envs/{fp}"
+
+
+def _editable_hooks(site: Path, source: Path) -> set[Path]:
+    """The .pth files and finders that point an editable install at its source folder."""
+    hooks = set()
+    for path in site.glob("*.pth"):
+        try:
+            if str(source.parent) in path.read_text() or "jupyter_lounge" in path.name:
+                hooks.add(path)
+        except (OSError, UnicodeDecodeError):
+            continue
+    hooks.update(site.glob("__editable__*jupyter_lounge*"))
+    return hooks
+
+
+def write_tar(out) -> int:
+    """Write this environment as a tar stream to ``out``; return the bytes of file data."""
+    prefix, site = Path(sys.prefix), Path(sysconfig.get_paths()["purelib"])
+    source = _source_dir()
+    skip = _editable_hooks(site, source)
+    inside = prefix in source.parents
+    total = 0
+    with tarfile.open(fileobj=out, mode="w|", bufsize=1 << 20) as tar:
+
+        def add(path: Path, arcname: str) -> None:
+            nonlocal total
+            info = tar.gettarinfo(str(path), arcname)
+            if info.isreg():
+                total += info.size
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+            elif info.isdir() or info.issym():
+                tar.addfile(info)
+
+        for root, dirs, files in os.walk(prefix):
+            dirs.sort()
+            here = Path(root)
+            for name in (*dirs, *sorted(files)):
+                path = here / name
+                if path in skip or (not inside and path == site / "jupyter_lounge"):
+                    continue
+                if name in dirs and path.is_symlink():
+                    dirs.remove(name)  # a symlinked folder travels as the link
+                add(path, str(path.relative_to(prefix)))
+        if not inside:  # an editable install: its source goes in as a plain package
+            arc = site.relative_to(prefix) / "jupyter_lounge"
+            for path in sorted(source.rglob("*")):
+                if "__pycache__" in path.parts:
+                    continue
+                add(path, str(arc / path.relative_to(source)))
+    return total
+
+
+class _FanOut:
+    """A file-like object that writes each chunk to every live process's stdin."""
+
+    def __init__(self, procs: dict[str, subprocess.Popen]):
+        self.procs = dict(procs)
+        self.failed: dict[str, str] = {}
+
+    def write(self, data: bytes) -> int:
+        for name, proc in list(self.procs.items()):
+            try:
+                proc.stdin.write(data)
+            except (BrokenPipeError, OSError) as e:
+                self.failed[name] = f"the SSH session ended while shipping ({e})"
+                del self.procs[name]
+        if not self.procs:
+            raise LoungeError("every node's SSH session ended while the environment was shipped")
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+async def sync(backend, names: list[str] | None = None, force: bool = False) -> list[dict]:
+    """Make sure each node (default: all of the backend's) has this environment; return one row
+    per node: node, env, status ("present", "shipped" or "failed: why"), seconds, MiB."""
+    fp, base = fingerprint(), base_python()
+    nodes = [backend.nodes[n] for n in (names or list(backend.nodes))]
+
+    async def check(node) -> tuple[str, str]:
+        d = remote_path(env_dir(node.local_dir, fp))
+        script = (
+            f"if [ ! -x {shlex.quote(base)} ]; then echo nobase; "
+            f"elif [ -f {d}/{MARKER} ]; then echo present; else echo absent; fi"
+        )
+        try:
+            out = await call([*backend.ssh_command(node.name), "--", script], timeout=30)
+        except LoungeError as e:
+            return "failed", str(e).rsplit(":", 1)[-1].strip() or str(e)
+        return out.strip().splitlines()[-1] if out.strip() else "failed", ""
+
+    t0 = time.monotonic()
+    states = await asyncio.gather(*(check(n) for n in nodes))
+    rows = {}
+    for node, (how, why) in zip(nodes, states):
+        row = {"node": node.name, "env": env_dir(node.local_dir, fp), "seconds": None, "MiB": 0}
+        if how == "nobase":
+            how = (
+                f"failed: it has no {base}, the base Python this virtualenv was made from "
+                "(install the same Python there, or give the node its own python= in the "
+                "inventory and do not sync)"
+            )
+        elif how == "present" and force:
+            how = "absent"
+        elif how == "failed":
+            how = f"failed: {why or 'no answer'}"
+        row["status"] = how
+        rows[node.name] = row
+    todo = [n for n in nodes if rows[n.name]["status"] == "absent"]
+    if todo:
+        shipped = await asyncio.to_thread(_ship, backend, todo, fp)
+        for name, (status, mib) in shipped.items():
+            rows[name].update(status=status, MiB=mib)
+    for row in rows.values():
+        row["seconds"] = round(time.monotonic() - t0, 1)
+        if row["status"] in ("present", "shipped"):
+            backend.pythons[row["node"]] = row["env"] + "/bin/python"
+    return list(rows.values())
+
+
+def _ship(backend, nodes, fp: str) -> dict[str, tuple[str, int]]:
+    procs = {}
+    for node in nodes:
+        d = remote_path(env_dir(node.local_dir, fp))
+        script = (
+            f"set -e; rm -rf {d}.part; mkdir -p {d}.part; tar -x -C {d}.part; "
+            f"touch {d}.part/{MARKER}; rm -rf {d}; mv {d}.part {d}"
+        )
+        procs[node.name] = subprocess.Popen(
+            [*backend.ssh_command(node.name), "--", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+    fan = _FanOut(procs)
+    size, error = 0, ""
+    try:
+        size = write_tar(fan)
+    except LoungeError as e:
+        error = str(e)
+    result = {}
+    for name, proc in procs.items():
+        try:
+            _, err = proc.communicate(timeout=300)  # closes stdin: the end of the stream
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            err = b"unpacking did not finish within 300 s"
+        except (BrokenPipeError, OSError, ValueError):
+            err = proc.stderr.read() if proc.wait(timeout=300) else b""
+        if name in fan.failed or proc.returncode != 0:
+            why = err.decode(errors="replace").strip() or fan.failed.get(name) or error
+            result[name] = (f"failed: {why.splitlines()[-1] if why else 'unknown'}", 0)
+        else:
+            result[name] = ("shipped", round(size / 2**20))
+    return result
