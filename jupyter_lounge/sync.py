@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -166,8 +167,8 @@ async def sync(backend, names: list[str] | None = None, force: bool = False) -> 
         )
         try:
             out = await call([*backend.ssh_command(node.name), "--", script], timeout=30)
-        except LoungeError as e:
-            return "failed", str(e).rsplit(":", 1)[-1].strip() or str(e)
+        except LoungeError as e:  # say what ssh said, not the whole command line
+            return "failed", re.split(r"exit code -?\d+: |within ", str(e), maxsplit=1)[-1]
         return out.strip().splitlines()[-1] if out.strip() else "failed", ""
 
     t0 = time.monotonic()
