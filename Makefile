@@ -36,7 +36,7 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[bench]"
 	$(PY) bench/launch.py
 	tests/infra/reup 3 8 > .testbed.env
-	set -a; . ./.testbed.env; set +a; $(PY) bench/slurm_launch.py; rc=$$?; tests/infra/down; exit $$rc
+	set -a; . ./.testbed.env; set +a; $(PY) bench/slurm_launch.py; rc=$$?; $(PY) bench/ssh_launch.py || rc=$$?; tests/infra/down; exit $$rc
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -117,6 +117,27 @@ def _set_parent_death_signal() -> None:
         pass
 
 
+def _remove_stale_run_dirs(root: str, young_s: float = 120.0) -> None:
+    """Remove the folders of agents that died without cleaning up (a power cut): their report
+    names a pid that is no node agent now, or they have no report and are not new."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return
+    for name in names:
+        path = os.path.join(root, name)
+        report = read_json(os.path.join(path, "report.json"))
+        try:
+            if report is None and time.time() - os.stat(path).st_mtime < young_s:
+                continue  # an agent starting right now
+            with open(f"/proc/{int((report or {}).get('pid') or 0)}/cmdline", "rb") as f:
+                if b"jupyter_lounge.node" in f.read():
+                    continue
+        except (OSError, ValueError):
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _reseed(rank: int) -> None:
     """Fork copies numpy's global random state: give every engine its own."""
     seed = int.from_bytes(os.urandom(4), "little") ^ rank
@@ -246,6 +267,7 @@ class NodeAgent:
         on the machine that runs the controller, not here)."""
         base = os.path.expanduser(spec.get("local_dir") or "~/.cache/jupyter_lounge")
         run = os.path.join(base, "run", f"{spec['cluster']}.{spec['key']}")
+        _remove_stale_run_dirs(os.path.join(base, "run"))
         os.makedirs(run, mode=0o700, exist_ok=True)
         os.chmod(run, 0o700)
         self.run_dir = run

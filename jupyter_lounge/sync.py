@@ -8,7 +8,8 @@ distribution's RECORD (which lists the sha256 of each file it installed) and jup
 own source. A node that already has that fingerprint is not shipped to again, so only a
 changed environment travels. All nodes are asked at once; the nodes that need it receive one
 tar stream, written to all their SSH sessions together, unpacked into a temporary folder and
-renamed into place only when complete (an interrupted sync never leaves a half environment).
+renamed into place only when complete (an interrupted sync never leaves a half environment);
+of the older environments on a node only the latest stays (a cluster may still run it).
 
 A virtualenv points at its base interpreter (``home`` in ``pyvenv.cfg``); a node must have
 the same base Python at the same path, as identically imaged lounge PCs do. The sync checks
@@ -31,8 +32,10 @@ from pathlib import Path
 
 from .errors import LoungeError
 from .procs import call
+from .state import read_json, write_json
 
 MARKER = ".lounge-env"
+KEEP = 2  # environments kept on a node: the new one and the one before
 
 
 def _source_dir() -> Path:
@@ -193,11 +196,45 @@ async def sync(backend, names: list[str] | None = None, force: bool = False) -> 
         shipped = await asyncio.to_thread(_ship, backend, todo, fp)
         for name, (status, mib) in shipped.items():
             rows[name].update(status=status, MiB=mib)
+    memory = _memory()
     for row in rows.values():
         row["seconds"] = round(time.monotonic() - t0, 1)
+        key = _key(backend.nodes[row["node"]])
         if row["status"] in ("present", "shipped"):
             backend.pythons[row["node"]] = row["env"] + "/bin/python"
+            memory[key] = fp
+        else:
+            memory.pop(key, None)
+    write_json(_memory_path(), memory)
     return list(rows.values())
+
+
+# What this machine synced where: a ``--sync`` start trusts it instead of asking each node
+# again (the agent's own command checks the environment is there and says so if not).
+def _memory_path() -> Path:
+    from .state import lounge_dir
+
+    return lounge_dir() / "synced.json"
+
+
+def _memory() -> dict:
+    return read_json(_memory_path()) or {}
+
+
+def _key(node) -> str:
+    return f"{node.user}@{node.host}:{node.port}:{node.local_dir}"
+
+
+def remembered(backend, names: list[str]) -> dict[str, str]:
+    """The nodes among ``names`` that this machine synced this very environment to: node ->
+    its env folder (their python is set on the backend)."""
+    fp, memory, found = fingerprint(), _memory(), {}
+    for name in names:
+        node = backend.nodes[name]
+        if memory.get(_key(node)) == fp:
+            found[name] = env_dir(node.local_dir, fp)
+            backend.pythons[name] = found[name] + "/bin/python"
+    return found
 
 
 def _ship(backend, nodes, fp: str) -> dict[str, tuple[str, int]]:
@@ -206,7 +243,9 @@ def _ship(backend, nodes, fp: str) -> dict[str, tuple[str, int]]:
         d = remote_path(env_dir(node.local_dir, fp))
         script = (
             f"set -e; rm -rf {d}.part; mkdir -p {d}.part; tar -x -C {d}.part; "
-            f"touch {d}.part/{MARKER}; rm -rf {d}; mv {d}.part {d}"
+            f"touch {d}.part/{MARKER}; rm -rf {d}; mv {d}.part {d}; "
+            # older environments: the one before stays (a cluster may still run it)
+            f"cd {d}/.. && ls -1t | grep -v '[.]part$' | tail -n +{KEEP + 1} | xargs -r rm -rf"
         )
         procs[node.name] = subprocess.Popen(
             [*backend.ssh_command(node.name), "--", script],

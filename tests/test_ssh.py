@@ -261,6 +261,12 @@ def test_node_power_cut_mid_map_loses_no_item(kind, lounge_toml, lounge_dir):
             [str(INFRA / "reup"), "3", "8"], capture_output=True, timeout=300, check=True
         )  # power the testbed's node back on
     assert state.list_states() == [] and processes_under(str(lounge_dir)) == []
+    # node3's disk still holds the folder of the agent that died with it; the next agent
+    # there removes it
+    stale = TESTBED / "local" / "node3" / "lounge" / "run" / f"{cluster.name}.0.2"
+    assert stale.exists()
+    Lounge(3, nodes=3, wait=True, progress=False, **lounge_toml).start_sync().stop_sync()
+    assert not stale.exists()
     nothing_left_on_the_nodes()
 
 

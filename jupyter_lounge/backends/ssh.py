@@ -114,10 +114,15 @@ class SSHBackend(Backend):
         return await sync(self, names, force)
 
     async def place(self, agents: list[dict], cdir: Path, cluster: str) -> None:
+        guard = {}  # node -> the synced env its agent checks for itself (no extra round trip)
         if self.options.get("sync"):
             import warnings
 
-            for row in await self.sync(sorted({a["node"] for a in agents})):
+            from .. import sync
+
+            names = sorted({a["node"] for a in agents})
+            guard = sync.remembered(self, names)  # synced before with this very environment
+            for row in await self.sync([n for n in names if n not in guard]):
                 if row["status"].startswith("failed"):
                     warnings.warn(
                         f"Lounge node {row['node']!r}: the environment could not be synced "
@@ -131,6 +136,13 @@ class SSHBackend(Backend):
             write_json(agent["files"]["spec"], spec)
             python = self.pythons.get(node.name, node.python)
             remote = f"exec {remote_path(python)} -m jupyter_lounge.node --stdio"
+            if node.name in guard:
+                env = remote_path(guard[node.name])
+                remote = (
+                    f"[ -f {env}/.lounge-env ] || {{ echo 'the synced environment "
+                    f"{guard[node.name]} is not on {node.name} (any more): run lounge sync' >&2;"
+                    f" exit 3; }}; {remote}"
+                )
             relay = [sys.executable, "-m", "jupyter_lounge.relay", agent["files"]["spec"]]
             proc = spawn(
                 [*relay, "--", *self.ssh_command(node.name), "--", remote],
