@@ -160,7 +160,7 @@ async def sync(backend, names: list[str] | None = None, force: bool = False) -> 
     """Make sure each node (default: all of the backend's) has this environment; return one row
     per node: node, env, status ("present", "shipped" or "failed: why"), seconds, MiB."""
     fp, base = fingerprint(), base_python()
-    nodes = [backend.nodes[n] for n in (names or list(backend.nodes))]
+    nodes = [backend.nodes[n] for n in (list(backend.nodes) if names is None else names)]
 
     async def check(node) -> tuple[str, str]:
         d = remote_path(env_dir(node.local_dir, fp))

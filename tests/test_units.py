@@ -89,3 +89,16 @@ def test_state_files_are_private_and_atomic(lounge_dir):
 def test_table_formatting():
     text = commands.format_table([{"a": 1, "b": None}, {"a": "long", "b": "x"}], ["a", "b"])
     assert text.splitlines() == ["a     b", "1", "long  x"]
+
+
+def test_sync_words_and_remote_paths():
+    from jupyter_lounge import commands
+    from jupyter_lounge.sync import env_dir, remote_path
+
+    args = commands.parse(["start", "8", "--backend", "ssh", "--pool", "gpu", "--sync"])
+    assert commands.start_options(args)["sync"] is True
+    assert "sync" not in commands.start_options(commands.parse(["start", "8"]))
+    assert commands.parse(["sync", "--pool", "gpu", "--force"]).force is True
+    assert remote_path("~/.cache/x y") == "\"$HOME\"'/.cache/x y'"
+    assert remote_path("/var/local/lounge") == "/var/local/lounge"
+    assert env_dir("/var/local/lounge/", "ab12") == "/var/local/lounge/envs/ab12"

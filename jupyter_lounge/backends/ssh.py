@@ -122,7 +122,8 @@ class SSHBackend(Backend):
 
             names = sorted({a["node"] for a in agents})
             guard = sync.remembered(self, names)  # synced before with this very environment
-            for row in await self.sync([n for n in names if n not in guard]):
+            unknown = [n for n in names if n not in guard]
+            for row in await self.sync(unknown) if unknown else []:
                 if row["status"].startswith("failed"):
                     warnings.warn(
                         f"Lounge node {row['node']!r}: the environment could not be synced "
