@@ -298,7 +298,8 @@ def test_lounge_sync_ships_once_then_agents_run_the_prepositioned_python(lounge_
 
     cluster = Lounge(3, nodes=3, sync=True, wait=True, progress=False, **lounge_toml)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)  # remembered: no node is asked again, pc-off neither
+        # remembered: no node is asked again, pc-off neither
+        warnings.simplefilter("error", UserWarning)
         cluster.start_sync()
     try:
 
