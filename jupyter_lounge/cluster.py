@@ -17,7 +17,7 @@ from . import state
 from ._loop import run_sync
 from .backends import make_backend
 from .engines import engine_kind
-from .errors import LoungeError, LoungeTimeout
+from .errors import LoungeError, LoungeTimeout, NoSuchCluster
 from .procs import alive, kill_group, spawn, tail
 
 _current: Cluster | None = None
@@ -123,7 +123,15 @@ class Cluster:
         data = state.load_state(state.check_name(name))
         if data is None:
             known = ", ".join(d["name"] for d in state.list_states()) or "none"
-            raise LoungeError(f"No cluster named {name!r} (running: {known}); see `lounge list`.")
+            raise NoSuchCluster(f"No cluster named {name!r} (running: {known}); see `lounge list`.")
+        self = cls.from_state(data)
+        global _current
+        _current = self
+        return self
+
+    @classmethod
+    def from_state(cls, data: dict) -> Cluster:
+        """A handle on the cluster a state file describes (no client is connected yet)."""
         self = cls(
             data["n"],
             name=data["name"],
@@ -141,12 +149,18 @@ class Cluster:
             stop_at_exit=False,
             **data.get("backend_options", {}),
         )
+        self.created = data["created"]
+        self.reload(data)
+        return self
+
+    def reload(self, data: dict | None = None) -> None:
+        """Take on what the state file says now (another process may have scaled it)."""
+        data = data or state.load_state(self.name)
+        if data is None or data["created"] != self.created:
+            return  # gone, or another cluster of the same name: nothing of ours to read
+        self.n, self.status = data["n"], data["status"]
         self.agents, self.controller_pid = data["agents"], data["controller_pid"]
         self.next_rank, self.next_alloc = data["next_rank"], data.get("next_alloc", 1)
-        self.created, self.status = data["created"], data["status"]
-        global _current
-        _current = self
-        return self
 
     @staticmethod
     def _free_name() -> str:
@@ -158,13 +172,7 @@ class Cluster:
 
     # -- start ---------------------------------------------------------------------------------
     async def start(self) -> Cluster:
-        old = state.load_state(self.name)
-        if old is not None:
-            if alive(old.get("controller_pid")):
-                raise LoungeError(
-                    f"A cluster named {self.name!r} is already running: choose "
-                    f"another --name, or stop it with `lounge stop {self.name}`."
-                )
+        if ensure_name_free(self.name) is not None:
             state.remove_state(self.name)  # a stale file from a cluster that died
         self.status = "starting"
         self.save()
@@ -182,9 +190,10 @@ class Cluster:
     async def _start(self) -> None:
         cdir = self.dir
         log = cdir / "controller.log"
+        listen = await asyncio.to_thread(self.backend.listen_address)  # may ask sinfo or DNS
         cmd = self.kind.controller_command(
             cdir,
-            self.backend.listen_address(),
+            listen,
             {"heartbeat_ms": self.heartbeat_ms, "tls": self.tls},
         )
         self.controller_pid = spawn(cmd, log).pid
@@ -306,11 +315,18 @@ class Cluster:
         return agent.get("node") or report.get("node") or f"agent {agent['key']}"
 
     async def _wait_for(self, ready, timeout: float, what: str, check=None) -> None:
-        deadline = time.monotonic() + timeout
-        while not ready():
+        def look() -> bool:
+            if ready():
+                return True
             if check:
                 check()
             self._check_agents()
+            return False
+
+        deadline = time.monotonic() + timeout
+        # Each look asks the controller or the backend (squeue): in a thread, so the loop
+        # that awaits this (a kernel's, or the Jupyter server's) stays free meanwhile.
+        while not await asyncio.to_thread(look):
             if time.monotonic() > deadline:
                 raise LoungeTimeout(
                     f"Timed out after {timeout:g} s waiting for {what} of "
@@ -340,6 +356,15 @@ class Cluster:
                 )
             self._client = self.kind.connect(self.dir, 30)
         return self._client
+
+    def disconnect(self) -> None:
+        """Close this process's client (blocking); the cluster itself keeps running."""
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                self.kind.close(client)
+            except Exception:  # noqa: BLE001 - a client to a controller that is gone
+                pass
 
     def registered(self) -> list[tuple[str, int]]:
         """(node, rank) of every engine the controller has registered now; none before the
@@ -539,6 +564,21 @@ class Cluster:
 
     def wait_for_engines_sync(self, n: int | None = None, timeout: float | None = None) -> None:
         run_sync(self.wait_for_engines(n, timeout))
+
+
+def name_in_use(name: str) -> LoungeError:
+    return LoungeError(
+        f"A cluster named {name!r} is already running: choose "
+        f"another --name, or stop it with `lounge stop {name}`."
+    )
+
+
+def ensure_name_free(name: str) -> dict | None:
+    """Raise if a running cluster is called ``name``; return the state a dead one left."""
+    old = state.load_state(name)
+    if old is not None and alive(old.get("controller_pid")):
+        raise name_in_use(name)
+    return old
 
 
 def _courtesy_policy(courtesy) -> dict | None:

@@ -254,3 +254,86 @@ def format_list(rows: list[dict]) -> str:
     return format_table(
         rows, ["name", "engines", "backend", "n", "nodes", "status", "age", "preload"]
     )
+
+
+# -- the REST API's bodies (the sidebar's words) -----------------------------------------------
+#: What a start request may hold besides each backend's options (``backends.OPTIONS``).
+START_KEYS = ("n", "backend", "engines", "pool", "preload", "name", "nodes", "timeout")
+#: The type each backend option takes in a start request, and how to say it.
+OPTION_TYPES = {str: "a string", int: "a whole number", bool: "true or false"}
+OPTION_TYPE = {
+    "partition": str,
+    "account": str,
+    "qos": str,
+    "time_limit": str,
+    "mem_per_engine": str,
+    "engines_per_node": int,
+    "cpus_per_engine": int,
+    "gpus_per_node": int,
+    "pool": str,
+    "inventory": str,
+    "strict": bool,
+    "sync": bool,
+}
+
+
+def _engines_wanted(body: dict, example: int) -> int:
+    if "n" not in body:
+        raise LoungeError(f'Say how many engines, e.g. {{"n": {example}}}.')
+    n = body["n"]
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise LoungeError(f"The number of engines must be a whole number above 0, not {n!r}.")
+    return n
+
+
+def start_request(body: dict) -> dict:
+    """The Cluster arguments of a start request of the REST API (``POST clusters``), or a
+    LoungeError naming the first mistake."""
+    from .backends import OPTIONS
+
+    if not isinstance(body, dict):
+        raise LoungeError('The request body must be a JSON object, e.g. {"n": 4}.')
+    backend_keys = {k for names in OPTIONS.values() for k in names}
+    unknown = sorted(set(body) - set(START_KEYS) - backend_keys)
+    if unknown:
+        raise LoungeError(
+            f"Unknown option {unknown[0]!r}: use {', '.join(START_KEYS)} or an option of "
+            "the backend (GET /jupyter-lounge/backends lists them)."
+        )
+    options = {
+        "n": _engines_wanted(body, 4),
+        "name": body.get("name"),
+        "backend": body.get("backend") or "local",
+        "engines": body.get("engines") or "ipyparallel",
+        "nodes": body.get("nodes"),
+    }
+    preload = body.get("preload") or []
+    if not isinstance(preload, (str, list)) or not all(isinstance(m, str) for m in preload):
+        raise LoungeError(
+            f'preload must be module names, e.g. "tensorflow,numpy", not {preload!r}.'
+        )
+    timeout = body.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+    ):
+        raise LoungeError(f"The timeout must be a number of seconds above 0, not {timeout!r}.")
+    options["preload"], options["timeout"] = preload, timeout or 120.0
+    for key in sorted(backend_keys & set(body)):
+        value = body[key]
+        if value is None:
+            continue
+        kind = OPTION_TYPE[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise LoungeError(f"The option {key!r} must be {OPTION_TYPES[kind]}, not {value!r}.")
+        options[key] = value
+    return options
+
+
+def scale_request(body: dict) -> int:
+    """The engine count of a scale request of the REST API (``PATCH clusters/NAME``)."""
+    if not isinstance(body, dict):
+        raise LoungeError('The request body must be a JSON object, e.g. {"n": 6}.')
+    unknown = sorted(set(body) - {"n"})
+    if unknown:
+        raise LoungeError(f"Unknown option {unknown[0]!r}: a scale request takes only n.")
+    return _engines_wanted(body, 6)

@@ -9,3 +9,7 @@ class LoungeError(Exception):
 
 class LoungeTimeout(LoungeError, TimeoutError):
     """A wait ran past its limit; the message names what was waited for."""
+
+
+class NoSuchCluster(LoungeError):
+    """No cluster has that name (the REST API answers 404)."""

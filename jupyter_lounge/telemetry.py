@@ -20,20 +20,25 @@ class Telemetry:
     """Samples this machine; keeps psutil handles so per-process CPU is measured between
     samples (the first sample of a process reads 0)."""
 
-    def __init__(self, own_pid: int | None = None):
+    def __init__(self, own_pid: int | None = None, roots=None):
+        """``roots``: a callable giving more pids whose process trees are ours too (the
+        Jupyter server passes the controllers and agents of this machine's clusters)."""
         import psutil
 
         self.psutil = psutil
         self.own_pid = own_pid or os.getpid()
+        self.roots = roots
         self._procs: dict[int, object] = {}
         psutil.cpu_percent(None)
 
     def _ours(self) -> set[int]:
-        try:
-            me = self.psutil.Process(self.own_pid)
-            return {self.own_pid, *(p.pid for p in me.children(recursive=True))}
-        except self.psutil.NoSuchProcess:
-            return {self.own_pid}
+        ours = set()
+        for pid in {self.own_pid, *(self.roots() if self.roots else ())}:
+            try:
+                ours |= {pid, *(p.pid for p in self.psutil.Process(pid).children(recursive=True))}
+            except (self.psutil.NoSuchProcess, self.psutil.AccessDenied, ValueError):
+                ours.add(pid)
+        return ours
 
     def foreign_cpu_percent(self) -> float:
         ours, seen, total = self._ours(), set(), 0.0

@@ -6,6 +6,21 @@ from ..errors import LoungeError
 from .base import Backend
 
 BACKENDS = ("local", "slurm", "ssh")
+#: The options a start request may give each backend (the magic's flags, the REST body).
+OPTIONS = {
+    "local": (),
+    "slurm": (
+        "partition",
+        "account",
+        "qos",
+        "time_limit",
+        "engines_per_node",
+        "cpus_per_engine",
+        "mem_per_engine",
+        "gpus_per_node",
+    ),
+    "ssh": ("pool", "inventory", "strict", "sync"),
+}
 
 
 def _ipython_config():
@@ -24,9 +39,12 @@ def make_backend(name: str, **options) -> Backend:
         from .local import LocalBackend
 
         if options:
+            from .ssh import OPTIONS as SSH_OPTIONS
+
+            option = sorted(options)[0]
+            owner = "ssh" if option in SSH_OPTIONS else "slurm"
             raise LoungeError(
-                f"The local backend takes no option {sorted(options)[0]!r}; "
-                "it is for --backend slurm."
+                f"The local backend takes no option {option!r}; it is for --backend {owner}."
             )
         return LocalBackend()
     if name == "slurm":
