@@ -4,9 +4,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-local lint bench clean
+.PHONY: demo test test-local lint labext-test chromium bench clean
 
-$(STAMP): pyproject.toml
+# `pip install -e` also builds the JupyterLab extension (labextension/, with jlpm and
+# Node.js), so a change to its sources reinstalls.
+$(STAMP): pyproject.toml labextension/package.json labextension/yarn.lock \
+		$(wildcard labextension/src/*.ts) $(wildcard labextension/style/*)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test]"
@@ -18,14 +21,24 @@ demo: $(STAMP)
 
 ## The whole suite (lint, unit, integration with real engines, kernels and notebooks, and a
 ## real 3-node Slurm testbed in network namespaces, brought up here and taken down after).
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) -m ruff check jupyter_lounge tests bench examples
+	$(MAKE) --no-print-directory labext-test
 	tests/infra/reup 3 8 > .testbed.env
 	set -a; . ./.testbed.env; set +a; $(PY) -m pytest; rc=$$?; tests/infra/down; exit $$rc
 
 ## The same suite without the testbed (Slurm tests skip, saying why).
 test-local: $(STAMP)
+	$(MAKE) --no-print-directory labext-test
 	$(PY) -m pytest
+
+## The sidebar's browser tests drive Debian's Chromium (Playwright cannot download browsers).
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
+
+## The sidebar's unit tests (jest; the model and format code of labextension/src).
+labext-test: $(STAMP)
+	cd labextension && $(CURDIR)/$(VENV)/bin/jlpm install && $(CURDIR)/$(VENV)/bin/jlpm test
 
 lint: $(STAMP)
 	$(PY) -m ruff check jupyter_lounge tests bench examples
@@ -40,3 +53,5 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf jupyter_lounge/labextension labextension/node_modules labextension/lib \
+		labextension/tsconfig.tsbuildinfo labextension/.yarn

@@ -1,0 +1,387 @@
+import {
+  backendChoices,
+  buildScaleRequest,
+  buildStartRequest,
+  clusterStatusText,
+  DEFAULT_BACKENDS,
+  defaultBackend,
+  describeCluster,
+  describeNode,
+  IClusterModel,
+  INodeModel,
+  IStartForm,
+  LoungeState,
+  normalizePreload,
+  parseBackends,
+  parseClusters,
+  parseCount,
+  parseNodes,
+  poolsFor
+} from '../model';
+
+/** The example answers of docs/rest-api.md. */
+const clustersAnswer = {
+  clusters: [
+    {
+      name: 'lounge-2',
+      engines: 'dask',
+      backend: 'slurm',
+      status: 'starting',
+      n: 24,
+      ready: 0,
+      target: 24,
+      nodes: 3,
+      age_s: 4,
+      preload: null,
+      pending: 'Resources',
+      error: null,
+      connect_code: 'x'
+    },
+    {
+      name: 'lounge-1',
+      engines: 'ipyparallel',
+      backend: 'local',
+      status: 'running',
+      n: 4,
+      ready: 4,
+      target: 4,
+      nodes: 1,
+      age_s: 12.5,
+      preload: 'tensorflow',
+      pending: null,
+      error: null,
+      connect_code:
+        'from jupyter_lounge import Lounge\nlounge = Lounge.attach("lounge-1")\nclient = lounge.client'
+    }
+  ]
+};
+
+const nodesAnswer = {
+  nodes: [
+    {
+      name: 'this machine',
+      host: 'localhost',
+      backend: 'local',
+      state: 'idle',
+      why: '',
+      cpu: 12.0,
+      mem: 40.1,
+      gpus: [{ util_percent: 3, mem_percent: 10 }],
+      users: [],
+      engines: 4,
+      pools: ['local']
+    },
+    {
+      name: 'pc01',
+      host: '10.0.0.11',
+      backend: 'ssh',
+      state: 'in use',
+      why: 'ana logged in',
+      cpu: 85,
+      mem: 60,
+      gpus: [],
+      users: ['ana'],
+      engines: 0,
+      pools: ['gpu', 'nlp']
+    }
+  ]
+};
+
+const backendsAnswer = {
+  engines: ['ipyparallel', 'dask'],
+  backends: [
+    { name: 'local', available: true, why: '', options: [] },
+    {
+      name: 'slurm',
+      available: false,
+      why: 'sinfo was not found',
+      options: ['partition', 'account']
+    },
+    { name: 'ssh', available: true, why: '', options: ['pool'], pools: ['gpu'] }
+  ]
+};
+
+function cluster(overrides: Partial<IClusterModel> = {}): IClusterModel {
+  return { ...parseClusters(clustersAnswer)[0], ...overrides };
+}
+
+function node(overrides: Partial<INodeModel> = {}): INodeModel {
+  return { ...parseNodes(nodesAnswer)[0], ...overrides };
+}
+
+describe('parseClusters', () => {
+  it('reads the documented answer, in name order', () => {
+    const clusters = parseClusters(clustersAnswer);
+    expect(clusters.map(c => c.name)).toEqual(['lounge-1', 'lounge-2']);
+    expect(clusters[0]).toEqual(clustersAnswer.clusters[1]);
+  });
+
+  it('gives missing or mistyped fields harmless defaults', () => {
+    const [c] = parseClusters({
+      clusters: [{ name: 'x', n: 3, ready: '2', preload: ['tensorflow', 'numpy'] }, { n: 1 }]
+    });
+    expect(c).toEqual({
+      name: 'x',
+      engines: '',
+      backend: '',
+      status: 'unknown',
+      n: 3,
+      ready: 0,
+      target: 3,
+      nodes: 0,
+      age_s: null,
+      preload: 'tensorflow,numpy',
+      pending: null,
+      error: null,
+      connect_code: ''
+    });
+  });
+
+  it('reads anything else as no cluster', () => {
+    expect(parseClusters(null)).toEqual([]);
+    expect(parseClusters({ clusters: 'no' })).toEqual([]);
+    expect(parseClusters([1, 2])).toEqual([]);
+  });
+});
+
+describe('parseNodes and parseBackends', () => {
+  it("keeps the server's node order", () => {
+    const nodes = parseNodes(nodesAnswer);
+    expect(nodes.map(n => n.name)).toEqual(['this machine', 'pc01']);
+    expect(nodes[0].gpus).toEqual([{ util_percent: 3, mem_percent: 10 }]);
+  });
+
+  it('reads a node without telemetry', () => {
+    const [n] = parseNodes({ nodes: [{ name: 'pc02', state: 'offline', why: 'timed out' }] });
+    expect(n.cpu).toBeNull();
+    expect(n.gpus).toEqual([]);
+    expect(n.pools).toEqual([]);
+  });
+
+  it('reads backends, with pools where given', () => {
+    const backends = parseBackends(backendsAnswer);
+    expect(backends.engines).toEqual(['ipyparallel', 'dask']);
+    expect(backends.backends.map(b => [b.name, b.available, b.pools])).toEqual([
+      ['local', true, []],
+      ['slurm', false, []],
+      ['ssh', true, ['gpu']]
+    ]);
+  });
+
+  it('falls back to the local backend when the answer says nothing', () => {
+    expect(parseBackends({})).toEqual(DEFAULT_BACKENDS);
+  });
+});
+
+describe('cluster rows', () => {
+  it('shows a running cluster as running, with ready/target and its age', () => {
+    const view = describeCluster(cluster());
+    expect(view).toMatchObject({
+      name: 'lounge-1',
+      ready: '4/4',
+      status: 'running',
+      tone: 'ok',
+      age: '12 s',
+      summary: 'ipyparallel · local · tensorflow',
+      canScale: true,
+      canStop: true,
+      canInsert: true,
+      stopLabel: 'Stop',
+      detail: ''
+    });
+  });
+
+  it("shows Slurm's pending reason instead of the status while queued", () => {
+    const slurm = parseClusters(clustersAnswer)[1];
+    expect(clusterStatusText(slurm)).toBe('pending: Resources');
+    expect(describeCluster(slurm)).toMatchObject({
+      ready: '0/24',
+      tone: 'warn',
+      summary: 'dask · slurm · 3 nodes'
+    });
+    expect(clusterStatusText(cluster({ status: 'starting', pending: 'pending (Priority)' }))).toBe(
+      'pending (Priority)'
+    );
+  });
+
+  it('says why a start failed, and offers to remove it', () => {
+    const view = describeCluster(
+      cluster({ status: 'failed', error: "Preload module 'tensorflw' does not import." })
+    );
+    expect(view).toMatchObject({
+      status: 'failed',
+      tone: 'error',
+      detail: "Preload module 'tensorflw' does not import.",
+      canScale: false,
+      canInsert: false,
+      canStop: true,
+      stopLabel: 'Remove'
+    });
+  });
+
+  it('locks the buttons of a cluster being stopped', () => {
+    const view = describeCluster(cluster(), 'stopping');
+    expect(view).toMatchObject({
+      status: 'stopping',
+      tone: 'busy',
+      canScale: false,
+      canStop: false,
+      canInsert: false
+    });
+  });
+
+  it('marks a cluster still filling as busy', () => {
+    expect(describeCluster(cluster({ ready: 2, target: 8 })).tone).toBe('busy');
+    expect(describeCluster(cluster({ status: 'dead' })).tone).toBe('error');
+  });
+});
+
+describe('node rows', () => {
+  it('shows an idle node with its load', () => {
+    expect(describeNode(node())).toEqual({
+      name: 'this machine',
+      host: 'localhost',
+      state: 'idle',
+      stateKey: 'idle',
+      cpu: '12%',
+      mem: '40%',
+      gpu: '3% (mem 10%)',
+      engines: '4 engines',
+      pools: 'local',
+      users: ''
+    });
+  });
+
+  it('says why a node is in use or offline', () => {
+    const busy = describeNode(parseNodes(nodesAnswer)[1]);
+    expect(busy.state).toBe('in use (ana logged in)');
+    expect(busy.stateKey).toBe('in-use');
+    expect(busy.users).toBe('ana');
+    expect(busy.gpu).toBe('no GPU');
+    const off = describeNode(
+      node({ name: 'pc02', host: 'pc02', state: 'offline', why: 'no route to host', cpu: null })
+    );
+    expect(off).toMatchObject({
+      host: '',
+      state: 'offline (no route to host)',
+      stateKey: 'offline',
+      cpu: '–'
+    });
+  });
+});
+
+describe('start and scale requests', () => {
+  const form: IStartForm = {
+    n: ' 4 ',
+    backend: 'local',
+    engines: 'ipyparallel',
+    pool: '',
+    preload: 'tensorflow, numpy',
+    name: ''
+  };
+
+  it('sends the documented body', () => {
+    expect(buildStartRequest(form)).toEqual({
+      n: 4,
+      backend: 'local',
+      engines: 'ipyparallel',
+      pool: null,
+      preload: 'tensorflow,numpy',
+      name: null
+    });
+    expect(
+      buildStartRequest({ ...form, backend: 'ssh', pool: ' gpu ', name: 'sweep', preload: '' })
+    ).toMatchObject({ backend: 'ssh', pool: 'gpu', name: 'sweep', preload: null });
+  });
+
+  it("leaves judging n to the server, whose sentence is the magic's", () => {
+    expect(buildStartRequest({ ...form, n: 'four' }).n).toBe('four');
+    expect(buildStartRequest({ ...form, n: '0' }).n).toBe(0);
+    expect(buildStartRequest({ ...form, n: '-2' }).n).toBe(-2);
+    expect('n' in buildStartRequest({ ...form, n: '  ' })).toBe(false);
+  });
+
+  it('converts counts and preload lists', () => {
+    expect(parseCount('12')).toBe(12);
+    expect(parseCount('2.5')).toBe(2.5);
+    expect(parseCount('1e3')).toBe('1e3');
+    expect(parseCount('')).toBeUndefined();
+    expect(normalizePreload(' tensorflow ,, numpy pandas ')).toBe('tensorflow,numpy,pandas');
+    expect(normalizePreload(' , ')).toBeNull();
+  });
+
+  it('scales to the typed count', () => {
+    expect(buildScaleRequest('6')).toEqual({ n: 6 });
+    expect(buildScaleRequest('')).toEqual({});
+    expect(buildScaleRequest('lots')).toEqual({ n: 'lots' });
+  });
+});
+
+describe('backend choices', () => {
+  const backends = parseBackends(backendsAnswer);
+
+  it('offers every backend, an unavailable one saying why', () => {
+    expect(backendChoices(backends)).toEqual([
+      { value: 'local', label: 'local', title: '' },
+      {
+        value: 'slurm',
+        label: 'slurm (unavailable: sinfo was not found)',
+        title: 'sinfo was not found'
+      },
+      { value: 'ssh', label: 'ssh', title: '' }
+    ]);
+  });
+
+  it('selects the first available backend and suggests its pools', () => {
+    expect(defaultBackend(backends)).toBe('local');
+    expect(
+      defaultBackend(
+        parseBackends({ backends: [{ name: 'slurm', available: false }, { name: 'ssh' }] })
+      )
+    ).toBe('ssh');
+    expect(poolsFor(backends, 'ssh')).toEqual(['gpu']);
+    expect(poolsFor(backends, 'local')).toEqual([]);
+    expect(poolsFor(backends, 'nope')).toEqual([]);
+  });
+});
+
+describe('LoungeState', () => {
+  it('keeps an action error through refreshes until the next action', () => {
+    const state = new LoungeState();
+    state.setError('A cluster named lounge-1 already exists.', 'action');
+    state.setError('Could not reach the Jupyter server: offline', 'refresh');
+    expect(state.error).toBe('A cluster named lounge-1 already exists.');
+    state.refreshed();
+    expect(state.error).toBe('A cluster named lounge-1 already exists.');
+    state.clearError();
+    expect(state.error).toBe('');
+    expect(state.errorSource).toBeNull();
+  });
+
+  it('clears a refresh error on the next good refresh', () => {
+    const state = new LoungeState();
+    state.setError('Could not reach the Jupyter server: offline', 'refresh');
+    expect(state.errorSource).toBe('refresh');
+    state.refreshed();
+    expect(state.error).toBe('');
+  });
+
+  it('describes rows with what is in flight', () => {
+    const state = new LoungeState();
+    expect(state.loaded).toBe(false);
+    state.setClusters(parseClusters(clustersAnswer));
+    state.setNodes(parseNodes(nodesAnswer));
+    expect(state.loaded).toBe(true);
+    state.setBusy('lounge-1', 'stopping');
+    expect(state.clusterViews().map(v => [v.name, v.status])).toEqual([
+      ['lounge-1', 'stopping'],
+      ['lounge-2', 'pending: Resources']
+    ]);
+    state.setBusy('lounge-1', undefined);
+    expect(state.busy('lounge-1')).toBeUndefined();
+    expect(state.clusterViews()[0].status).toBe('running');
+    expect(state.nodeViews().map(v => v.name)).toEqual(['this machine', 'pc01']);
+    expect(state.cluster('lounge-2')?.backend).toBe('slurm');
+    expect(state.cluster('nope')).toBeUndefined();
+  });
+});
