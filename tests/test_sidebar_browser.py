@@ -1,0 +1,252 @@
+"""The Lounge sidebar in a real JupyterLab, driven in Debian's Chromium by Playwright.
+
+A real ``jupyter lab`` server (this venv, a token, a temporary root) and a headless Chromium:
+open Lab with a notebook, open the Lounge sidebar, start a 4-engine local cluster from the
+dialog, see it become ready, scale it to 6, insert the connect code into the notebook and run
+it, see a cluster started by ``%lounge`` in that notebook's kernel appear, stop both from the
+sidebar and see them disappear. Screenshots go to ``artifacts/`` (git ignores it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .conftest import processes_under, wait_until
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def lab(tmp_path, lounge_dir):
+    """A real JupyterLab server on loopback; yields (base url, token, root dir)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    nb = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "id": "first",
+                "metadata": {},
+                "outputs": [],
+                "source": "x = 1",
+            }
+        ],
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    (root / "sweep.ipynb").write_text(json.dumps(nb))
+    token, port = secrets.token_hex(16), _free_port()
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"))
+    env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp_path / "settings")
+    news = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    news.mkdir(parents=True)  # no "get notified about Jupyter news?" toast over the page
+    (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+    env["JUPYTERLAB_WORKSPACES_DIR"] = str(tmp_path / "workspaces")
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ServerApp.allow_root=True",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            "--ServerApp.port_retries=0",
+            f"--ServerApp.root_dir={root}",
+            f"--IdentityProvider.token={token}",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"jupyter lab exited: {(tmp_path / 'lab.log').read_text()[-2000:]}"
+            )
+        try:
+            with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_until(up, 90, "the JupyterLab server to answer /api/status")
+        yield url, token, root
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        log.close()
+
+
+def _api(url: str, token: str, path: str) -> dict:
+    with urllib.request.urlopen(f"{url}/jupyter-lounge/{path}?token={token}", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_sidebar_starts_scales_connects_and_stops_clusters(lab, lounge_dir):
+    from playwright.sync_api import expect, sync_playwright
+
+    url, token, _ = lab
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(60_000)
+        try:
+            page.goto(f"{url}/lab/tree/sweep.ipynb?token={token}")
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
+            # the kernel must be idle before we run cells in it
+            expect(
+                page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+            ).to_be_visible(timeout=120_000)
+            tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="jupyter-lounge-sidebar"]')
+            tab.click()
+            sidebar = page.locator("#jupyter-lounge-sidebar")
+            expect(sidebar).to_be_visible()
+            expect(sidebar.locator('[data-testid="lounge-node-row"]').first).to_be_visible()
+
+            # start a 4-engine local cluster from the dialog
+            sidebar.locator('[data-testid="lounge-start"]').click()
+            page.locator('[data-testid="lounge-start-n"]').fill("4")
+            page.locator('[data-testid="lounge-start-backend"]').select_option("local")
+            page.locator('[data-testid="lounge-start-engines"]').select_option("ipyparallel")
+            page.locator('[data-testid="lounge-start-name"]').fill("from-sidebar")
+            page.locator(".jp-Dialog-button.jp-mod-accept").click()
+            row = sidebar.locator('[data-testid="lounge-cluster-row"][data-cluster="from-sidebar"]')
+            expect(row.locator('[data-testid="lounge-cluster-ready"]')).to_have_text(
+                "4/4", timeout=120_000
+            )
+            sidebar.screenshot(path=str(ARTIFACTS / "sidebar-ready.png"))
+
+            # scale to 6
+            row.locator('[data-testid="lounge-scale"]').click()
+            page.locator('[data-testid="lounge-scale-n"]').fill("6")
+            page.locator(".jp-Dialog-button.jp-mod-accept").click()
+            expect(row.locator('[data-testid="lounge-cluster-ready"]')).to_have_text(
+                "6/6", timeout=120_000
+            )
+
+            # insert the connect code below the active cell and run it, then use the client
+            page.locator(".jp-Notebook .jp-Cell").first.click()
+            row.locator('[data-testid="lounge-insert"]').click()
+            cells = page.locator(".jp-Notebook .jp-Cell")
+            expect(cells).to_have_count(2)
+            expect(cells.nth(1)).to_contain_text('Lounge.attach("from-sidebar")')
+            cells.nth(1).locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")  # runs it and adds a cell below
+            new = page.locator(".jp-Notebook .jp-Cell").nth(2)
+            new.locator(".cm-content").click()
+            page.keyboard.type("print('engines', len(client.ids))")
+            page.keyboard.press("Shift+Enter")
+            expect(new.locator(".jp-OutputArea-output")).to_contain_text(
+                "engines 6", timeout=120_000
+            )
+
+            # a cluster started by %lounge in the kernel shows up in the sidebar
+            last = page.locator(".jp-Notebook .jp-Cell").nth(3)
+            last.locator(".cm-content").click()
+            page.keyboard.type("%load_ext jupyter_lounge\n%lounge start 2 --name from-kernel")
+            page.keyboard.press("Shift+Enter")
+            kernel_row = sidebar.locator(
+                '[data-testid="lounge-cluster-row"][data-cluster="from-kernel"]'
+            )
+            expect(kernel_row).to_be_visible(timeout=120_000)
+            expect(kernel_row.locator('[data-testid="lounge-cluster-ready"]')).to_have_text(
+                "2/2", timeout=120_000
+            )
+            page.screenshot(path=str(ARTIFACTS / "lab-with-sidebar.png"))
+            sidebar.screenshot(path=str(ARTIFACTS / "sidebar-two-clusters.png"))
+
+            # stop both from the sidebar; they disappear
+            for r in (row, kernel_row):
+                r.locator('[data-testid="lounge-stop"]').click()
+                page.locator(".jp-Dialog-button.jp-mod-accept").click()
+                expect(r).to_have_count(0, timeout=120_000)
+            expect(sidebar.locator('[data-testid="lounge-error"]')).to_have_text("")
+        except BaseException:
+            page.screenshot(path=str(ARTIFACTS / "sidebar-failure.png"))
+            raise
+        finally:
+            browser.close()
+    assert _api(url, token, "clusters")["clusters"] == []
+    deadline = time.monotonic() + 15
+    while processes_under(str(lounge_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_under(str(lounge_dir)) == []
+
+
+def test_a_server_error_is_shown_in_the_sidebar(lab):
+    """A start the server refuses (a name already in use) shows its sentence in the sidebar."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from jupyter_lounge import Lounge
+
+    url, token, _ = lab
+    taken = Lounge(1, name="taken", progress=False, wait=True).start_sync()
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(60_000)
+            try:
+                page.goto(f"{url}/lab?token={token}")
+                tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="jupyter-lounge-sidebar"]')
+                tab.click(timeout=120_000)
+                sidebar = page.locator("#jupyter-lounge-sidebar")
+                expect(sidebar.locator('[data-cluster="taken"]')).to_be_visible()
+                sidebar.locator('[data-testid="lounge-start"]').click()
+                page.locator('[data-testid="lounge-start-n"]').fill("2")
+                page.locator('[data-testid="lounge-start-name"]').fill("taken")
+                page.locator(".jp-Dialog-button.jp-mod-accept").click()
+                expect(sidebar.locator('[data-testid="lounge-error"]')).to_contain_text(
+                    "already running"
+                )
+            finally:
+                browser.close()
+    finally:
+        taken.stop_sync()
