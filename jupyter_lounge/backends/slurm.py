@@ -208,8 +208,11 @@ class SlurmBackend(Configurable, Backend):
         report = read_json(agent["files"]["report"]) or {}
         if report.get("status") in ("stopped", "failed", "controller-lost"):
             return "lost", f"its agent has {report['status']} (Slurm job {job} is {state})"
-        if report and time.time() - report.get("time", 0) > 15:
-            return "lost", "its node stopped answering (no report for 15 s)"
+        # An agent reports every 2 s, except while it imports the preload modules (one long
+        # call, slower still on a busy node): then only the start's own timeout applies.
+        silent = time.time() - report.get("time", 0)
+        if report and silent > (300 if report.get("status") == "preloading" else 15):
+            return "lost", f"its node stopped answering (no report for {silent:.0f} s)"
         return "alive", ""
 
     def _job_states(self) -> dict[str, tuple[str, str]]:
