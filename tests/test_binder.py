@@ -1,0 +1,136 @@
+"""Binder smoke test: a fresh virtualenv built only from binder/'s files, as mybinder.org does.
+
+The repository's tracked files are copied to a temporary folder (so nothing built here, no
+labextension and no node_modules, is reused); a new venv gets ``binder/requirements.txt``,
+then ``binder/postBuild`` runs in the copy (it installs jupyter_lounge from it, building the
+sidebar). Then JupyterLab there must list the extension enabled and OK, and
+``examples/01-quickstart.ipynb`` must execute in that venv's kernel, through
+``binder/start``, leaving no cluster behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jupyter_lounge import state
+
+from .conftest import processes_under
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(cmd, *, cwd, env, timeout, what):
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, (
+        f"{what} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
+    return done.stdout + done.stderr
+
+
+def test_binder_files_alone_give_lab_with_the_extension_and_a_running_quickstart(
+    tmp_path, lounge_dir
+):
+    if not shutil.which("git") or not (ROOT / ".git").exists():
+        pytest.skip("needs a git checkout to copy the tracked files from")
+    repo = tmp_path / "repo"
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60
+    ).stdout.split(b"\0")
+    for name in filter(None, (f.decode() for f in files)):
+        if not (ROOT / name).exists():
+            continue  # deleted in the working tree, not yet committed
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, repo / name)
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    bin_ = venv / "bin"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("VIRTUAL_ENV", "PYTHONPATH", "JUPYTER_PATH", "JUPYTER_CONFIG_DIR")
+    }
+    env.update(
+        PATH=f"{bin_}:{env['PATH']}",
+        VIRTUAL_ENV=str(venv),
+        HOME=str(tmp_path / "home"),  # a Binder user's own, empty home
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_CACHE_DIR=os.environ.get("PIP_CACHE_DIR", os.path.expanduser("~/.cache/pip")),
+        YARN_GLOBAL_FOLDER=os.path.expanduser("~/.yarn/berry"),  # this machine's package cache
+        JUPYTER_LOUNGE_DIR=str(lounge_dir),
+    )
+    (tmp_path / "home").mkdir()
+    pip = [str(bin_ / "python"), "-m", "pip", "install", "--quiet"]
+    _run(
+        [*pip, "-r", "binder/requirements.txt"],
+        cwd=repo,
+        env=env,
+        timeout=1200,
+        what="pip install -r binder/requirements.txt",
+    )
+    _run(["bash", "binder/postBuild"], cwd=repo, env=env, timeout=1200, what="binder/postBuild")
+
+    labext = _run(
+        ["binder/start", str(bin_ / "jupyter"), "labextension", "list"],
+        cwd=repo,
+        env=env,
+        timeout=120,
+        what="jupyter labextension list",
+    )
+    assert any(
+        "jupyter-lounge" in line and "enabled" in line and "OK" in line
+        for line in labext.splitlines()
+    ), labext
+    serverext = _run(
+        ["binder/start", str(bin_ / "jupyter"), "server", "extension", "list"],
+        cwd=repo,
+        env=env,
+        timeout=120,
+        what="jupyter server extension list",
+    )
+    assert "jupyter_lounge.serverext" in serverext and "enabled" in serverext, serverext
+
+    out = tmp_path / "executed.ipynb"
+    _run(
+        [
+            "binder/start",
+            str(bin_ / "jupyter"),
+            "nbconvert",
+            "--to",
+            "notebook",
+            "--execute",
+            "--ExecutePreprocessor.timeout=600",
+            "--ExecutePreprocessor.kernel_name=python3",
+            f"--output={out}",
+            "examples/01-quickstart.ipynb",
+        ],
+        cwd=repo,
+        env=env,
+        timeout=900,
+        what="executing examples/01-quickstart.ipynb",
+    )
+    import nbformat
+
+    nb = nbformat.read(out, as_version=4)
+    text = "".join(
+        o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+    )
+    assert "3/3 engines ready" in text and "140" in text, text[-2000:]
+    assert str(venv) in _run(  # the kernel was the Binder venv's, not this one's
+        [str(bin_ / "python"), "-c", "import jupyter_lounge; print(jupyter_lounge.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+        what="import jupyter_lounge in the Binder venv",
+    )
+    assert state.list_states() == []
+    assert processes_under(str(lounge_dir)) == []
