@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from .backends import OPTIONS as _BACKEND_FLAGS
 from .errors import LoungeError
 
 USAGE = """\
@@ -138,21 +139,8 @@ def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
     return build_parser(prog).parse_args(words)
 
 
-BACKEND_OPTIONS = (
-    "pool",
-    "inventory",
-    "strict",
-    "sync",
-    "partition",
-    "account",
-    "qos",
-    "time_limit",
-    "engines_per_node",
-    "cpus_per_engine",
-    "mem_per_engine",
-    "gpus_per_node",
-    "extra_directives",
-)
+# The magic's backend flags: what a start request may give each backend, and --sbatch.
+BACKEND_OPTIONS = (*_BACKEND_FLAGS["ssh"], *_BACKEND_FLAGS["slurm"], "extra_directives")
 
 
 def start_options(args: argparse.Namespace) -> dict:

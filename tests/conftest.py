@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -63,6 +64,32 @@ def node_processes(index: int, pattern: str = "jupyter_lounge") -> list[str]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
             continue
     return found
+
+
+def execute_notebook(path, extra_cells=()) -> tuple[list, list[str]]:
+    """Run a notebook in a real python3 kernel (cwd: its folder), with ``extra_cells`` (code)
+    appended; a failing cell raises. Any cluster it left is stopped here, so a failure does not
+    leak into later tests. Returns its code cells with outputs, and the names it left."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from jupyter_lounge import state
+    from jupyter_lounge.manager import ClusterManager
+
+    nb = nbformat.read(path, as_version=4)
+    nb.cells += [nbformat.v4.new_code_cell(code) for code in extra_cells]
+    try:
+        NotebookClient(
+            nb,
+            timeout=600,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(Path(path).parent)}},
+        ).execute()
+    finally:
+        left = [data["name"] for data in state.list_states()]
+        for name in left:
+            ClusterManager().stop(name)
+    return [cell for cell in nb.cells if cell.cell_type == "code"], left
 
 
 def inventory_for_testbed(path) -> dict:

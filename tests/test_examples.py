@@ -8,14 +8,9 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from jupyter_lounge import state
-from jupyter_lounge.manager import ClusterManager
-
-from .conftest import processes_under
+from .conftest import execute_notebook, processes_under
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -53,21 +48,10 @@ def run_example(name: str, monkeypatch, lounge_dir) -> list:
     """Execute examples/NAME in a python3 kernel (cwd examples/); a failing cell raises.
     Returns its code cells with their outputs."""
     monkeypatch.setenv("LOUNGE_EXAMPLES_SMALL", "1")  # JUPYTER_LOUNGE_DIR: the lounge_dir fixture
-    nb = nbformat.read(EXAMPLES / name, as_version=4)
-    try:
-        NotebookClient(
-            nb,
-            timeout=600,
-            kernel_name="python3",
-            resources={"metadata": {"path": str(EXAMPLES)}},
-        ).execute()
-    finally:
-        left = [data["name"] for data in state.list_states()]
-        for cluster in left:  # a failing cell must not leak its cluster into later tests
-            ClusterManager().stop(cluster)
+    code, left = execute_notebook(EXAMPLES / name)
     assert left == [], f"{name} left clusters running: {left}"
     assert processes_under(str(lounge_dir)) == []
-    return [cell for cell in nb.cells if cell.cell_type == "code"]
+    return code
 
 
 def printed(cells) -> str:

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from jupyter_lounge import state
-from jupyter_lounge.manager import ClusterManager
 
-from .conftest import node_processes, slurm_testbed_problem, wait_until
+from .conftest import execute_notebook, node_processes, slurm_testbed_problem, wait_until
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NODES = {"node1", "node2", "node3"}
@@ -41,23 +40,7 @@ def execute(name: str) -> tuple[list, dict, list]:
     """Run the notebook (cwd examples/, this process's environment) plus the probe cell; a
     failing cell fails the test. Returns its code cells, the sweep, and the clusters the
     notebook left behind (stopped here, so a failure does not hold the shared testbed)."""
-    import nbformat
-    from nbclient import NotebookClient
-
-    nb = nbformat.read(EXAMPLES / name, as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(PROBE))
-    try:
-        NotebookClient(
-            nb,
-            timeout=600,
-            kernel_name="python3",
-            resources={"metadata": {"path": str(EXAMPLES)}},
-        ).execute()
-    finally:
-        left = state.list_states()
-        for data in left:
-            ClusterManager().stop(data["name"])
-    code = [c for c in nb.cells if c.cell_type == "code"]
+    code, left = execute_notebook(EXAMPLES / name, [PROBE])
     line = next(ln for ln in text(code[-1]).splitlines() if ln.startswith(MARK))
     return code[:-1], json.loads(line[len(MARK) :]), left
 
