@@ -39,3 +39,23 @@ def markdown_table(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |" for r in [head, *rows]]
     lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
     return "\n".join(lines)
+
+
+def hosts(client) -> str:
+    """Where a cluster's engines run, e.g. ``node1 x4, node2 x4`` (ipyparallel or Dask)."""
+    import socket
+    from collections import Counter
+
+    if type(client).__module__.startswith("distributed"):
+        names = with_timeout(lambda: client.run(socket.gethostname), 60).values()
+    else:
+        names = client[:].apply_async(socket.gethostname).get(timeout=60)
+    return ", ".join(f"{h} x{k}" for h, k in sorted(Counter(names).items()))
+
+
+def quietly(stop, way: str, notes: list[str]) -> None:
+    """stop(); an error is noted, not raised (it would hide the error that led here)."""
+    try:
+        stop()
+    except Exception as e:  # noqa: BLE001 - noted
+        notes.append(f"{way}: stopping failed: {type(e).__name__}: {str(e)[:200]}")

@@ -45,16 +45,14 @@ import logging
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 
 import psutil
-from _common import TIMEOUT, check_results, markdown_table, with_timeout
+from _common import TIMEOUT, check_results, hosts, markdown_table, quietly, with_timeout
 
 CONTROLLER_IP = "10.77.0.1"  # the address of this host that the testbed nodes reach
 WAYS = ("ours", "ours-dask", "ipyparallel", "dask-jobqueue")
@@ -74,23 +72,6 @@ def tf_op() -> float:
     import tensorflow as tf
 
     return float(tf.reduce_sum(tf.ones((8, 8))))
-
-
-def hosts(client) -> str:
-    """Where the engines run, e.g. ``node1 x8, node2 x8``."""
-    if type(client).__module__.startswith("distributed"):
-        names = with_timeout(lambda: client.run(socket.gethostname), 60).values()
-    else:
-        names = client[:].apply_async(socket.gethostname).get(timeout=60)
-    return ", ".join(f"{h} x{k}" for h, k in sorted(Counter(names).items()))
-
-
-def quietly(stop, way: str, notes: list[str]) -> None:
-    """stop(); an error is noted, not raised (it would hide the error that led here)."""
-    try:
-        stop()
-    except Exception as e:  # noqa: BLE001 - noted
-        notes.append(f"{way}: stopping failed: {type(e).__name__}: {str(e)[:200]}")
 
 
 def squeue(*args: str) -> list[str]:

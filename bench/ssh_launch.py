@@ -66,7 +66,6 @@ import logging
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -74,7 +73,7 @@ import time
 from collections import Counter
 
 import psutil
-from _common import TIMEOUT, check_results, markdown_table, with_timeout
+from _common import TIMEOUT, check_results, hosts, markdown_table, quietly, with_timeout
 
 CONTROLLER_IP = "10.77.0.1"  # the address of this host that the testbed nodes reach
 NODE_IPS = ("10.77.0.11", "10.77.0.12", "10.77.0.13")  # node1..node3 of the testbed
@@ -137,23 +136,6 @@ def tf_op() -> float:
     import tensorflow as tf
 
     return float(tf.reduce_sum(tf.ones((8, 8))))
-
-
-def hosts(client) -> str:
-    """Where the engines run, e.g. ``node1 x4, node2 x4``."""
-    if type(client).__module__.startswith("distributed"):
-        names = with_timeout(lambda: client.run(socket.gethostname), 60).values()
-    else:
-        names = client[:].apply_async(socket.gethostname).get(timeout=60)
-    return ", ".join(f"{h} x{k}" for h, k in sorted(Counter(names).items()))
-
-
-def quietly(stop, way: str, notes: list[str]) -> None:
-    """stop(); an error is noted, not raised (it would hide the error that led here)."""
-    try:
-        stop()
-    except Exception as e:  # noqa: BLE001 - noted
-        notes.append(f"{way}: stopping failed: {type(e).__name__}: {str(e)[:200]}")
 
 
 def write_inventory(path: str, nodes: int, per_node: int) -> str:
