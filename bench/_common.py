@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 TIMEOUT = 300.0  # seconds any one step of any way may take
 
@@ -33,6 +34,51 @@ def check_results(values, n: int) -> None:
         raise RuntimeError(f"expected {n} results of 64.0, got {values!r}")
 
 
+def _is_dask(client) -> bool:
+    return type(client).__module__.startswith("distributed")
+
+
+def run_everywhere(client, op, n: int) -> None:
+    """op() on every engine of an ipyparallel or Dask client; all ``n`` must answer 64.0.
+    ``op`` comes from the calling script's ``__main__``, so it travels by value."""
+    if _is_dask(client):
+        check_results(with_timeout(lambda: client.run(op)).values(), n)
+    else:
+        check_results(client[:].apply_async(op).get(timeout=TIMEOUT), n)
+
+
+def time_ours(rec: dict, way: str, cluster, op, notes: list[str]) -> None:
+    """Start one of our clusters, run ``op`` everywhere, set rec["seconds"], stop it."""
+    t0 = time.perf_counter()
+    try:
+        cluster.start_sync()
+        run_everywhere(cluster.client, op, rec["n"])
+        rec["seconds"] = time.perf_counter() - t0
+        notes.append(
+            f"{way}: engines on {hosts(cluster.client)}; {len(cluster.agents)} node agents"
+        )
+    finally:
+        quietly(cluster.stop_sync, way, notes)
+
+
+def time_stock_ipyparallel(rec: dict, mark: str, op, notes: list[str], **options) -> None:
+    """Stock ``ipyparallel.Cluster(**options)``: start, connect, run ``op``, stop."""
+    import ipyparallel as ipp
+
+    t0 = time.perf_counter()
+    cluster = ipp.Cluster(n=rec["n"], cluster_id=mark, engine_timeout=TIMEOUT, **options)
+    rc = None
+    try:
+        rc = cluster.start_and_connect_sync()  # waits for n engines, up to engine_timeout
+        run_everywhere(rc, op, rec["n"])
+        rec["seconds"] = time.perf_counter() - t0
+        notes.append(f"ipyparallel: engines on {hosts(rc)}")
+    finally:
+        if rc is not None:
+            rc.close()
+        quietly(cluster.stop_cluster_sync, "ipyparallel", notes)
+
+
 def markdown_table(head: list[str], rows: list[list[str]]) -> str:
     """Aligned plain text that is also a markdown table (numbers right-aligned)."""
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -46,7 +92,7 @@ def hosts(client) -> str:
     import socket
     from collections import Counter
 
-    if type(client).__module__.startswith("distributed"):
+    if _is_dask(client):
         names = with_timeout(lambda: client.run(socket.gethostname), 60).values()
     else:
         names = client[:].apply_async(socket.gethostname).get(timeout=60)

@@ -46,7 +46,7 @@ import tempfile
 import time
 
 import psutil
-from _common import TIMEOUT, check_results, markdown_table, with_timeout
+from _common import TIMEOUT, markdown_table, run_everywhere, with_timeout
 
 WAYS = ("ours", "ours-dask", "ipyparallel", "dask", "floor")
 MIB = 2**20
@@ -87,10 +87,7 @@ def run_ours(n: int, way: str, notes: list[str]) -> tuple[float, float]:
     c = Lounge(n, engines=engines, preload=["tensorflow"], progress=False, wait=True, timeout=600)
     try:
         c.start_sync()
-        if engines == "dask":
-            check_results(with_timeout(lambda: c.client.run(tf_op)).values(), n)
-        else:
-            check_results(c.client[:].apply_async(tf_op).get(timeout=TIMEOUT), n)
+        run_everywhere(c.client, tf_op, n)
         seconds = time.perf_counter() - t0
         agents = [a["pid"] for a in c.agents]
         pss = pss_mib(agents + [p for a in agents for p in descendants(a)])
@@ -108,7 +105,7 @@ def run_ipyparallel(n: int, notes: list[str]) -> tuple[float, float]:
     rc = None
     try:
         rc = cluster.start_and_connect_sync()  # waits for n engines, up to engine_timeout
-        check_results(rc[:].apply_async(tf_op).get(timeout=TIMEOUT), n)
+        run_everywhere(rc, tf_op, n)
         seconds = time.perf_counter() - t0
         procs = [p for p in descendants() if "ipyparallel.engine" in " ".join(p.cmdline())]
         nannies = [p for p in procs if "ipyparallel.engine.nanny" in " ".join(p.cmdline())]
@@ -143,7 +140,7 @@ def run_dask(n: int, tmp: str) -> tuple[float, float]:
     try:
         client = Client(cluster, timeout=TIMEOUT)
         client.wait_for_workers(n, timeout=TIMEOUT)
-        check_results(with_timeout(lambda: client.run(tf_op)).values(), n)
+        run_everywhere(client, tf_op, n)
         seconds = time.perf_counter() - t0
         return seconds, pss_mib(client.run(os.getpid).values())
     finally:

@@ -52,7 +52,15 @@ import threading
 import time
 
 import psutil
-from _common import TIMEOUT, check_results, hosts, markdown_table, quietly, with_timeout
+from _common import (
+    TIMEOUT,
+    hosts,
+    markdown_table,
+    quietly,
+    run_everywhere,
+    time_ours,
+    time_stock_ipyparallel,
+)
 
 CONTROLLER_IP = "10.77.0.1"  # the address of this host that the testbed nodes reach
 WAYS = ("ours", "ours-dask", "ipyparallel", "dask-jobqueue")
@@ -115,24 +123,13 @@ class SlurmWatch:
 def run_ours(rec: dict, mark: str, way: str, per_node: int, notes: list[str]) -> None:
     from jupyter_lounge import Lounge
 
-    n, kind = rec["n"], ("dask" if way == "ours-dask" else "ipyparallel")
-    t0 = time.perf_counter()
+    kind = "dask" if way == "ours-dask" else "ipyparallel"
     opts = dict(engines=kind, backend="slurm", engines_per_node=per_node, name=mark)
-    c = Lounge(n, preload=["tensorflow"], progress=False, wait=True, timeout=TIMEOUT, **opts)
-    try:
-        c.start_sync()
-        if kind == "dask":
-            check_results(with_timeout(lambda: c.client.run(tf_op)).values(), n)
-        else:
-            check_results(c.client[:].apply_async(tf_op).get(timeout=TIMEOUT), n)
-        rec["seconds"] = time.perf_counter() - t0
-        notes.append(f"{way}: engines on {hosts(c.client)}; {len(c.agents)} node agents")
-    finally:
-        quietly(c.stop_sync, way, notes)
+    c = Lounge(rec["n"], preload=["tensorflow"], progress=False, wait=True, timeout=TIMEOUT, **opts)
+    time_ours(rec, way, c, tf_op, notes)
 
 
 def run_ipyparallel(rec: dict, mark: str, nodes: int, per_node: int, notes: list[str]) -> None:
-    import ipyparallel as ipp
     from traitlets.config import Config
 
     cfg = Config()
@@ -140,18 +137,7 @@ def run_ipyparallel(rec: dict, mark: str, nodes: int, per_node: int, notes: list
     cfg.SlurmEngineSetLauncher.queue = "debug"
     cfg.SlurmEngineSetLauncher.namespace = {"nodes": nodes, "per_node": per_node}
     opts = dict(engines="slurm", controller="local", controller_ip=CONTROLLER_IP, config=cfg)
-    t0 = time.perf_counter()
-    cluster = ipp.Cluster(n=rec["n"], cluster_id=mark, engine_timeout=TIMEOUT, **opts)
-    rc = None
-    try:
-        rc = cluster.start_and_connect_sync()  # waits for n engines, up to engine_timeout
-        check_results(rc[:].apply_async(tf_op).get(timeout=TIMEOUT), rec["n"])
-        rec["seconds"] = time.perf_counter() - t0
-        notes.append(f"ipyparallel: engines on {hosts(rc)}")
-    finally:
-        if rc is not None:
-            rc.close()
-        quietly(cluster.stop_cluster_sync, "ipyparallel", notes)
+    time_stock_ipyparallel(rec, mark, tf_op, notes, **opts)
 
 
 def run_jobqueue(rec: dict, mark: str, per_node: int, tmp: str, notes: list[str]) -> None:
@@ -169,7 +155,7 @@ def run_jobqueue(rec: dict, mark: str, per_node: int, tmp: str, notes: list[str]
         cluster.scale(rec["n"])
         client = Client(cluster, timeout=TIMEOUT)
         client.wait_for_workers(rec["n"], timeout=TIMEOUT)
-        check_results(with_timeout(lambda: client.run(tf_op)).values(), rec["n"])
+        run_everywhere(client, tf_op, rec["n"])
         rec["seconds"] = time.perf_counter() - t0
         notes.append(f"dask-jobqueue: workers on {hosts(client)}")
     finally:

@@ -73,7 +73,15 @@ import time
 from collections import Counter
 
 import psutil
-from _common import TIMEOUT, check_results, hosts, markdown_table, quietly, with_timeout
+from _common import (
+    TIMEOUT,
+    hosts,
+    markdown_table,
+    quietly,
+    run_everywhere,
+    time_ours,
+    time_stock_ipyparallel,
+)
 
 CONTROLLER_IP = "10.77.0.1"  # the address of this host that the testbed nodes reach
 NODE_IPS = ("10.77.0.11", "10.77.0.12", "10.77.0.13")  # node1..node3 of the testbed
@@ -189,22 +197,10 @@ def run_ours(rec: dict, mark: str, way: str, wdir: str, per_node: int, notes: li
 
         rows = run_sync(SSHBackend(**paths).sync())
         notes.append(f"{way}: sync " + ", ".join(f"{r['node']} {r['status']}" for r in rows))
-    t0 = time.perf_counter()
-    c = Lounge(n, engines=kind, name=mark, **OURS_OPTIONS, **paths)
-    try:
-        c.start_sync()
-        if kind == "dask":
-            check_results(with_timeout(lambda: c.client.run(tf_op)).values(), n)
-        else:
-            check_results(c.client[:].apply_async(tf_op).get(timeout=TIMEOUT), n)
-        rec["seconds"] = time.perf_counter() - t0
-        notes.append(f"{way}: engines on {hosts(c.client)}; {len(c.agents)} node agents")
-    finally:
-        quietly(c.stop_sync, way, notes)
+    time_ours(rec, way, Lounge(n, engines=kind, name=mark, **OURS_OPTIONS, **paths), tf_op, notes)
 
 
 def run_ipyparallel(rec: dict, mark: str, wdir: str, per_node: int, notes: list) -> None:
-    import ipyparallel as ipp
     from traitlets.config import Config
 
     config = marked_ssh_config(os.path.join(wdir, "ssh_config"), mark)
@@ -220,18 +216,7 @@ def run_ipyparallel(rec: dict, mark: str, wdir: str, per_node: int, notes: list)
     cfg.SSHEngineSetLauncher.ssh_args = ssh_args(config)
     cfg.SSHEngineSetLauncher.scp_args = ssh_args(config)
     opts = dict(engines="ssh", controller="local", controller_ip=CONTROLLER_IP, config=cfg)
-    t0 = time.perf_counter()
-    cluster = ipp.Cluster(n=rec["n"], cluster_id=mark, engine_timeout=TIMEOUT, **opts)
-    rc = None
-    try:
-        rc = cluster.start_and_connect_sync()  # waits for n engines, up to engine_timeout
-        check_results(rc[:].apply_async(tf_op).get(timeout=TIMEOUT), rec["n"])
-        rec["seconds"] = time.perf_counter() - t0
-        notes.append(f"ipyparallel: engines on {hosts(rc)}")
-    finally:
-        if rc is not None:
-            rc.close()
-        quietly(cluster.stop_cluster_sync, "ipyparallel", notes)
+    time_stock_ipyparallel(rec, mark, tf_op, notes, **opts)
 
 
 def run_dask(rec: dict, mark: str, per_node: int, notes: list) -> None:
@@ -257,7 +242,7 @@ def run_dask(rec: dict, mark: str, per_node: int, notes: list) -> None:
     try:
         client = Client(cluster, timeout=TIMEOUT)
         client.wait_for_workers(rec["n"], timeout=TIMEOUT)
-        check_results(with_timeout(lambda: client.run(tf_op)).values(), rec["n"])
+        run_everywhere(client, tf_op, rec["n"])
         rec["seconds"] = time.perf_counter() - t0
         notes.append(f"dask: workers on {hosts(client)}")
     finally:
