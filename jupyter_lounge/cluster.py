@@ -245,7 +245,7 @@ class Cluster:
 
     def _agent_spec(self, key: str, node: str | None, ranks: list[int], files: dict) -> dict:
         cdir = self.dir
-        return {
+        return self.backend.spec_for(node) | {
             "cluster": self.name,
             "key": key,
             "node": node,

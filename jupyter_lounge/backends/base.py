@@ -52,6 +52,10 @@ class Backend:
         """("alive" | "pending" | "lost", a reason a person can read)."""
         raise NotImplementedError
 
+    def spec_for(self, node: str | None) -> dict:
+        """What this backend adds to the spec of an agent on ``node`` (nothing by default)."""
+        return {}
+
     def courtesy_for(self, node: str | None) -> dict | None:
         """The idle policy a node follows when the cluster names none (None: no yielding)."""
         return None

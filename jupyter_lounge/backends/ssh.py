@@ -20,7 +20,6 @@ from pathlib import Path
 
 from ..errors import LoungeError
 from ..procs import alive, kill_group, spawn
-from ..state import read_json, write_json
 from ..sync import remote_path
 from .base import Backend
 
@@ -60,6 +59,10 @@ class SSHBackend(Backend):
                 plan.append((node.name, share))
             left -= share
         return plan
+
+    def spec_for(self, node: str | None) -> dict:
+        """The node-local folder its agent keeps its files in (see relay.py)."""
+        return {"local_dir": self.nodes[node].local_dir} if node in self.nodes else {}
 
     def courtesy_for(self, node: str | None) -> dict | None:
         """Lounge PCs belong to people first: their inventory idle policy always applies."""
@@ -132,9 +135,6 @@ class SSHBackend(Backend):
                     )
         for agent in agents:
             node = self.nodes[agent["node"]]
-            spec = read_json(agent["files"]["spec"])
-            spec["local_dir"] = node.local_dir
-            write_json(agent["files"]["spec"], spec)
             python = self.pythons.get(node.name, node.python)
             remote = f"exec {remote_path(python)} -m jupyter_lounge.node --stdio"
             if node.name in guard:
