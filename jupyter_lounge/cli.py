@@ -46,8 +46,9 @@ def run(argv: list[str]) -> int:
     elif args.command == "stop":
         if not args.name:
             raise LoungeError("Say which cluster to stop: `lounge stop NAME` (see `lounge list`).")
-        manager.stop(args.name)
-        print(f"Stopped {args.name}.")
+        for line in manager.stop(args.name, forget=args.forget):
+            print(f"Stopped what was left of it: {line}")
+        print(f"{'Forgot' if args.forget else 'Stopped'} {args.name}.")
     elif args.command == "attach":
         cluster = Cluster.attach(args.name)
         print(f"{cluster.name}: {cluster.describe()}")

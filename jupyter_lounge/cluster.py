@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-from . import state
+from . import state, validate
 from ._loop import run_sync
 from .backends import make_backend
+from .config import settings
 from .engines import engine_kind
 from .errors import LoungeError, LoungeTimeout, NoSuchCluster
-from .procs import alive, kill_group, spawn, tail
+from .procs import kill_group, ours, spawn, started, tail
 
 _current: Cluster | None = None
 
@@ -28,12 +30,6 @@ def current() -> Cluster:
     if _current is None:
         raise LoungeError("No cluster in this process yet: start one with `%lounge start N`.")
     return _current
-
-
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise LoungeError(f"{what} must be a whole number above 0, not {value!r}.")
-    return value
 
 
 class Cluster:
@@ -52,32 +48,55 @@ class Cluster:
         gpus: list[str] | None = None,
         engines_per_gpu: int = 1,
         heartbeat_ms: int = 150,
-        tls: bool = False,
+        tls: bool = True,
+        dashboard: bool = False,
         courtesy: dict | bool | None = None,
         progress: bool | None = None,
         stop_at_exit: bool = True,
         **backend_options,
     ):
-        self.n = _positive_int(n, "The number of engines")
-        self.nodes = None if nodes is None else _positive_int(nodes, "The number of nodes")
+        limits = settings()
+        self.n = validate.count(n, "The number of engines", limits.max_engines)
+        self.nodes = None
+        if nodes is not None:
+            self.nodes = validate.count(nodes, "The number of nodes", limits.max_engines)
+            if self.nodes > self.n:
+                raise LoungeError(
+                    f"{self.nodes} nodes for {self.n} engines would leave nodes empty: ask for "
+                    f"at most {self.n} nodes."
+                )
         self.kind = engine_kind(engines)
         self.backend = make_backend(backend, **backend_options)
         if isinstance(preload, str):
             preload = [m for m in preload.split(",") if m.strip()]
-        self.preload = [m.strip() for m in preload]
+        self.preload = validate.module_names([m.strip() for m in preload])
+        self._auto_name = not name
         self.name = state.check_name(name) if name else self._free_name()
-        self.wait, self.timeout, self.restart = wait, float(timeout), restart
+        self.wait, self.restart = wait, restart
+        self.timeout = validate.seconds(timeout, "The timeout", limits.max_timeout)
         self.gpus = (
             None if gpus is None else [str(g) for g in gpus]
         )  # None: each node finds its own
         self.engines_per_gpu = engines_per_gpu
         self.heartbeat_ms = heartbeat_ms
         self.tls = bool(tls)
+        if not self.tls and self.backend.name != "local":
+            raise LoungeError(
+                f"--no-tls is allowed only with --backend local: on {self.backend.name} the "
+                "engines talk to the controller across machines, always encrypted."
+            )
+        if dashboard and self.kind.name != "dask":
+            raise LoungeError("--dashboard is Dask's: add --engines dask, or leave it out.")
+        self.dashboard = bool(dashboard)
         self.courtesy = _courtesy_policy(courtesy)
         self.progress = progress
         self.stop_at_exit = stop_at_exit
         self.agents: list[dict] = []
         self.controller_pid: int | None = None
+        self.controller_start: str | None = None  # tells the controller from a later pid twin
+        self.starter: list | None = None  # (pid, start) of the process starting it
+        self.keeper: list | None = None  # (pid, start) of the process that stops it if the
+        # process that started it dies (see keeper.py)
         self.next_rank = 0
         self.next_alloc = 0
         self.created = time.time()
@@ -102,6 +121,9 @@ class Cluster:
             "status": self.status,
             "agents": self.agents,
             "controller_pid": self.controller_pid,
+            "controller_start": self.controller_start,
+            "starter": self.starter,
+            "keeper": self.keeper,
             "next_rank": self.next_rank,
             "next_alloc": self.next_alloc,
             "created": self.created,
@@ -111,6 +133,7 @@ class Cluster:
             "heartbeat_ms": self.heartbeat_ms,
             "timeout": self.timeout,
             "tls": self.tls,
+            "dashboard": self.dashboard,
             "courtesy": self.courtesy,
         }
 
@@ -120,7 +143,7 @@ class Cluster:
     @classmethod
     def attach(cls, name: str) -> Cluster:
         """The running cluster called ``name``, started by this or any other process."""
-        data = state.load_state(state.check_name(name))
+        data = state.load_state(state.check_name(name))  # a corrupt file says so
         if data is None:
             known = ", ".join(d["name"] for d in state.list_states()) or "none"
             raise NoSuchCluster(f"No cluster named {name!r} (running: {known}); see `lounge list`.")
@@ -144,7 +167,8 @@ class Cluster:
             restart=data["restart"],
             heartbeat_ms=data["heartbeat_ms"],
             timeout=data["timeout"],
-            tls=data.get("tls", False),
+            tls=data["tls"],
+            dashboard=data.get("dashboard", False),
             courtesy=data.get("courtesy"),
             stop_at_exit=False,
             **data.get("backend_options", {}),
@@ -160,11 +184,14 @@ class Cluster:
             return  # gone, or another cluster of the same name: nothing of ours to read
         self.n, self.status = data["n"], data["status"]
         self.agents, self.controller_pid = data["agents"], data["controller_pid"]
+        self.controller_start = data.get("controller_start")
+        self.starter, self.keeper = data.get("starter"), data.get("keeper")
         self.next_rank, self.next_alloc = data["next_rank"], data.get("next_alloc", 1)
 
     @staticmethod
     def _free_name() -> str:
         taken = {d["name"] for d in state.list_states()}
+        taken |= {d["name"] for d in state.corrupt_states()}
         i = 1
         while f"lounge-{i}" in taken:
             i += 1
@@ -172,10 +199,7 @@ class Cluster:
 
     # -- start ---------------------------------------------------------------------------------
     async def start(self) -> Cluster:
-        if ensure_name_free(self.name) is not None:
-            state.remove_state(self.name)  # a stale file from a cluster that died
-        self.status = "starting"
-        self.save()
+        self._claim_name()
         try:
             await self._start()
         except BaseException:
@@ -187,6 +211,18 @@ class Cluster:
             atexit.register(self._stop_at_exit)
         return self
 
+    def _claim_name(self) -> None:
+        """Check the name is free and write the first state, under the lounge's lock: of two
+        starts of one name at once, one wins and the other is told the name is in use."""
+        with state.names_locked():
+            if self._auto_name:
+                self.name = self._free_name()
+            elif ensure_name_free(self.name) is not None:
+                state.remove_state(self.name)  # a stale file from a cluster that died
+            self.status = "starting"
+            self.starter = [os.getpid(), started(os.getpid())]
+            self.save()
+
     async def _start(self) -> None:
         cdir = self.dir
         log = cdir / "controller.log"
@@ -194,10 +230,13 @@ class Cluster:
         cmd = self.kind.controller_command(
             cdir,
             listen,
-            {"heartbeat_ms": self.heartbeat_ms, "tls": self.tls},
+            {"heartbeat_ms": self.heartbeat_ms, "tls": self.tls, "dashboard": self.dashboard},
         )
         self.controller_pid = spawn(cmd, log).pid
+        self.controller_start = started(self.controller_pid)
         self.save()
+        if self.stop_at_exit:
+            self._spawn_keeper()
         await self._place(self.n, self.nodes)
         self._show_progress()
         files = self.kind.connection_files(cdir)  # engines' and client's (may be one file)
@@ -212,6 +251,25 @@ class Cluster:
         self._client = await asyncio.to_thread(self.kind.connect, cdir, 30)
         await self.wait_for_engines(self.n if self.wait else 1, self.timeout)
         self.status = "running"
+        self.save()
+
+    def _spawn_keeper(self) -> None:
+        """A small process that stops this cluster if the process starting it (a kernel) dies,
+        even by SIGKILL: a cluster started in a notebook leaves no orphans."""
+        import sys
+
+        me = self.starter or [os.getpid(), started(os.getpid())]
+        cmd = [
+            sys.executable,
+            "-m",
+            "jupyter_lounge.keeper",
+            str(self.dir),
+            str(me[0]),
+            str(me[1]),
+            repr(self.created),
+        ]
+        proc = spawn(cmd, self.dir / "keeper.log")
+        self.keeper = [proc.pid, started(proc.pid)]
         self.save()
 
     async def _place(self, count: int, nodes: int | None) -> None:
@@ -269,8 +327,11 @@ class Cluster:
         }
 
     # -- waiting -------------------------------------------------------------------------------
+    def _controller_alive(self) -> bool:
+        return ours(self.controller_pid, self.controller_start)
+
     def _check_controller(self) -> None:
-        if not alive(self.controller_pid):
+        if not self._controller_alive():
             raise LoungeError(
                 f"The {self.kind.name} controller of {self.name!r} exited: "
                 f"{tail(self.dir / 'controller.log', 3) or 'no output'}"
@@ -350,7 +411,7 @@ class Cluster:
     def client(self) -> Any:
         """The stock ``ipyparallel.Client`` or ``distributed.Client`` of this cluster."""
         if self._client is None:
-            if not alive(self.controller_pid):
+            if not self._controller_alive():
                 raise LoungeError(
                     f"Cluster {self.name!r} has no running controller; start it again."
                 )
@@ -369,7 +430,7 @@ class Cluster:
     def registered(self) -> list[tuple[str, int]]:
         """(node, rank) of every engine the controller has registered now; none before the
         controller is connected or after it is gone."""
-        if not alive(self.controller_pid) or (self._client is None and self.status != "running"):
+        if not self._controller_alive() or (self._client is None and self.status != "running"):
             return []
         return self.kind.registered(self.client)
 
@@ -450,7 +511,7 @@ class Cluster:
     # -- scale and stop ------------------------------------------------------------------------
     async def scale(self, n: int) -> None:
         """Want ``n`` engines: fork the missing ones or stop the extra ones (idempotent)."""
-        n = _positive_int(n, "The number of engines")
+        n = validate.count(n, "The number of engines", settings().max_engines)
         if self.status != "running":
             raise LoungeError(f"Cluster {self.name!r} is {self.status}, not running.")
         self.n = n
@@ -484,18 +545,19 @@ class Cluster:
             await self.backend.release(empty, 5.0)
             self.agents = [a for a in self.agents if a not in empty]
 
-    async def stop(self) -> None:
-        """Stop every engine, agent and the controller; leave nothing of this cluster behind."""
+    async def stop(self, forget: bool = False) -> None:
+        """Stop every engine, agent and the controller; leave nothing of this cluster behind.
+
+        Nothing here depends on writing a file: on a full disk every process still stops. With
+        ``forget``, the cluster's record goes even if a part could not be stopped (the error
+        still says which).
+        """
         if self.status == "stopped":
             return  # stopping twice (or after a failed start, which stopped) is harmless
         self.status = "stopping"
-        if state.state_path(self.name).exists():
-            self.save()
+        _best_effort(self.save)
         for a in self.agents:
-            try:
-                state.write_json(a["files"]["control"], {"stop": True})
-            except FileNotFoundError:  # its folder is gone: nothing there to tell
-                pass
+            _best_effort(state.write_json, a["files"]["control"], {"stop": True})
         try:
             await self.backend.release(self.agents, 5.0)
             released = None
@@ -507,8 +569,11 @@ class Cluster:
             except Exception:  # noqa: BLE001 - the controller goes next anyway
                 pass
             self._client = None
-        await kill_group(self.controller_pid, grace=3.0)  # agents left behind then stop too
-        if released is not None:
+        # agents left behind stop too once their controller is gone
+        await kill_group(self.controller_pid, self.controller_start, grace=3.0)
+        if self.keeper and self.keeper[0] != os.getpid():
+            await kill_group(*self.keeper, grace=1.0)
+        if released is not None and not forget:
             raise LoungeError(
                 f"Cluster {self.name!r} is only partly stopped: {released} Its controller is "
                 f"stopped; run `lounge stop {self.name}` again once that is fixed."
@@ -518,6 +583,10 @@ class Cluster:
         global _current
         if _current is self:
             _current = None
+        if released is not None:
+            raise LoungeError(
+                f"Cluster {self.name!r} is forgotten, but not all of it stopped: {released}"
+            )
 
     def _stop_at_exit(self) -> None:
         if self.status in ("running", "starting"):
@@ -559,24 +628,88 @@ class Cluster:
     def scale_sync(self, n: int) -> None:
         run_sync(self.scale(n))
 
-    def stop_sync(self) -> None:
-        run_sync(self.stop())
+    def stop_sync(self, forget: bool = False) -> None:
+        run_sync(self.stop(forget=forget))
 
     def wait_for_engines_sync(self, n: int | None = None, timeout: float | None = None) -> None:
         run_sync(self.wait_for_engines(n, timeout))
 
 
+async def forget(name: str) -> list[str]:
+    """Remove a cluster whose state file cannot be read, and stop what is left of it without
+    knowing its pids: every process of ours whose command line names the cluster's folder
+    (controller, agents, relays, keeper) and every Slurm job of ours whose script lies there.
+    Returns what was stopped, one line each."""
+    import shutil
+
+    import psutil
+
+    from .procs import call
+
+    folder = str(state.lounge_dir() / state.check_name(name))
+    stopped = []
+    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
+        try:
+            if proc.info["uids"].real != os.getuid() or proc.pid == os.getpid():
+                continue
+            args = proc.info["cmdline"] or []
+            if any(a == folder or folder + "/" in a for a in args):
+                pgid = os.getpgid(proc.pid)
+                stopped.append(f"process {proc.pid}: {' '.join(args)[:100]}")
+                if pgid == proc.pid:  # a leader: its group too (ipyparallel's schedulers)
+                    await kill_group(proc.pid, started(proc.pid), grace=3.0)
+                else:
+                    proc.kill()
+        except (psutil.Error, ProcessLookupError, OSError):
+            continue
+    if shutil.which("squeue"):
+        try:
+            out = await call(["squeue", "--me", "-h", "-o", "%i|%o"], timeout=30)
+        except LoungeError:
+            out = ""
+        jobs = [
+            line.split("|")[0]
+            for line in out.splitlines()
+            if line.partition("|")[2].startswith(folder + "/")
+        ]
+        if jobs:
+            await call(["scancel", *jobs], timeout=30)
+            stopped += [f"Slurm job {job}" for job in jobs]
+    state.remove_state(name)
+    return stopped
+
+
+def _best_effort(write, *args) -> None:
+    """A write that stopping must not depend on (a full disk, a folder already gone)."""
+    try:
+        write(*args)
+    except OSError:
+        pass
+
+
 def name_in_use(name: str) -> LoungeError:
     return LoungeError(
-        f"A cluster named {name!r} is already running: choose "
+        f"A cluster named {name!r} is already in use: choose "
         f"another --name, or stop it with `lounge stop {name}`."
     )
 
 
+def controller_alive(data: dict) -> bool:
+    """Whether the controller a state records still runs (that very process, not a later
+    one that was given the same pid)."""
+    return ours(data.get("controller_pid"), data.get("controller_start"))
+
+
+def in_use(data: dict) -> bool:
+    """A cluster whose controller runs, or whose start is under way in a live process."""
+    starter = data.get("starter") or [None, None]
+    return controller_alive(data) or (data.get("status") == "starting" and ours(*starter))
+
+
 def ensure_name_free(name: str) -> dict | None:
-    """Raise if a running cluster is called ``name``; return the state a dead one left."""
-    old = state.load_state(name)
-    if old is not None and alive(old.get("controller_pid")):
+    """Raise if a live cluster is called ``name``; return the state a dead one left."""
+    old = state.load_state(name)  # a corrupt file: CorruptState says how to remove it
+    if old is not None and in_use(old):
         raise name_in_use(name)
     return old
 

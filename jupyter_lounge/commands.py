@@ -4,6 +4,7 @@ tables they print. Bad input becomes one LoungeError sentence, never an argparse
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 from .backends import OPTIONS as _BACKEND_FLAGS
@@ -11,12 +12,13 @@ from .errors import LoungeError
 
 USAGE = """\
 %lounge start N [--engines ipyparallel|dask] [--backend local|slurm] [--nodes M] [--name NAME]
-               [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart] [--tls] [--courtesy]
+               [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart] [--courtesy]
+               [--dashboard] (Dask's, on loopback)  [--no-tls] (local only: no encryption)
                Slurm: [--partition P] [--account A] [--qos Q] [--time 1:00:00]
                [--engines-per-node K] [--cpus-per-engine C] [--mem-per-engine 2G]
                [--gpus-per-node G] [--sbatch=--constraint=a100 ...]
 %lounge scale N [--name NAME]     %lounge status [NAME]     %lounge list
-%lounge stop [NAME]               %lounge attach NAME
+%lounge stop [NAME] [--forget]    %lounge attach NAME
 %lounge start N --backend ssh [--pool P] [--inventory lounge.toml] [--strict] [--sync]
 %lounge nodes [--pool P] [--live] [--json] [--inventory lounge.toml]   (the lounge's PCs)
 %lounge sync [--pool P] [--inventory lounge.toml] [--force]   (ship this env to them once)
@@ -31,6 +33,8 @@ def _positive(cast, what: str):
             value = cast(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {what} above 0, not {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, not {text!r}")
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be {what} above 0, not {value:g}")
         return value
@@ -83,7 +87,9 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     start.add_argument("--wait", action="store_true")
     start.add_argument("--timeout", type=positive_float, default=120.0)
     start.add_argument("--no-restart", dest="restart", action="store_false")
-    start.add_argument("--tls", action="store_true")
+    start.add_argument("--tls", dest="tls", action="store_true", default=True)  # the default
+    start.add_argument("--no-tls", dest="tls", action="store_false")  # local only
+    start.add_argument("--dashboard", action="store_true")
     start.add_argument("--courtesy", action="store_true")
     slurm = {
         "--partition": str,
@@ -106,8 +112,10 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     scale = sub.add_parser("scale", add_help=False)
     scale.add_argument("n", type=positive_int)
     scale.add_argument("--name")
-    for name in ("status", "stop"):
-        sub.add_parser(name, add_help=False).add_argument("name", nargs="?")
+    sub.add_parser("status", add_help=False).add_argument("name", nargs="?")
+    stop = sub.add_parser("stop", add_help=False)
+    stop.add_argument("name", nargs="?")
+    stop.add_argument("--forget", action="store_true")
     sub.add_parser("attach", add_help=False).add_argument("name")
     sub.add_parser("list", add_help=False)
     nodes = sub.add_parser("nodes", add_help=False)
@@ -155,6 +163,7 @@ def start_options(args: argparse.Namespace) -> dict:
         "timeout": args.timeout,
         "restart": args.restart,
         "tls": args.tls,
+        "dashboard": args.dashboard,
         "courtesy": args.courtesy or None,
     }
 
@@ -240,7 +249,7 @@ def format_list(rows: list[dict]) -> str:
     for r in rows:
         r["age"] = time.strftime("%H:%M:%S", time.gmtime(r["age_s"]))
     return format_table(
-        rows, ["name", "engines", "backend", "n", "nodes", "status", "age", "preload"]
+        rows, ["name", "engines", "backend", "n", "nodes", "status", "age", "preload", "note"]
     )
 
 

@@ -51,9 +51,10 @@ class LoungeMagics(Magics):
             print(commands.format_sync(args))
         elif args.command == "stop":
             if args.name:
-                manager.stop(args.name)
+                for line in manager.stop(args.name, forget=args.forget):
+                    print(f"Stopped what was left of it: {line}")
             else:
-                current().stop_sync()
+                current().stop_sync(forget=args.forget)
         elif args.command == "attach":
             return Cluster.attach(args.name)
         return None

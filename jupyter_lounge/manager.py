@@ -16,9 +16,8 @@ import time
 
 from . import commands, state
 from ._loop import run_sync
-from .cluster import Cluster, ensure_name_free, name_in_use
+from .cluster import Cluster, controller_alive, ensure_name_free, forget, in_use, name_in_use
 from .errors import LoungeError, NoSuchCluster
-from .procs import alive
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +41,19 @@ class ClusterManager:
 
     # -- synchronous: the magics and the CLI ---------------------------------------------------
     def names(self) -> list[str]:
-        return [d["name"] for d in state.list_states()]
+        return sorted(
+            [d["name"] for d in state.list_states()] + [d["name"] for d in state.corrupt_states()]
+        )
 
     def get(self, name: str) -> Cluster:
         return Cluster.attach(name)
 
     def list(self) -> list[dict]:
-        """One summary per cluster; a cluster whose controller died is reported ``dead``."""
+        """One summary per cluster; a cluster whose controller died is reported ``dead``, one
+        whose state file cannot be read ``corrupt`` (with the file's path)."""
         out = []
         for d in state.list_states():
-            status = d["status"] if alive(d.get("controller_pid")) else "dead"
+            status = d["status"] if controller_alive(d) else "dead"
             out.append(
                 {
                     "name": d["name"],
@@ -64,7 +66,17 @@ class ClusterManager:
                     "preload": ",".join(d["preload"]),
                 }
             )
-        return out
+        for d in state.corrupt_states():
+            out.append(
+                {
+                    "name": d["name"],
+                    "status": "corrupt",
+                    "age_s": 0,
+                    "preload": "",
+                    "note": f"{d['path']} cannot be read: lounge stop {d['name']} --forget",
+                }
+            )
+        return sorted(out, key=lambda row: row["name"])
 
     def status(self, name: str) -> dict:
         cluster = self.get(name)
@@ -79,11 +91,20 @@ class ClusterManager:
             "nodes": rows,
         }
 
-    def stop(self, name: str) -> None:
-        if state.load_state(state.check_name(name)) is None:
+    def stop(self, name: str, forget: bool = False) -> list[str]:
+        """Stop a cluster; with ``forget``, also remove one whose state file is corrupt (its
+        processes and Slurm jobs found by its folder). Returns what ``forget`` stopped."""
+        try:
+            data = state.load_state(state.check_name(name))
+        except state.CorruptState:
+            if not forget:
+                raise
+            return run_sync(forget(name))
+        if data is None:
             known = ", ".join(self.names()) or "none"
             raise NoSuchCluster(f"No cluster named {name!r} to stop (running: {known}).")
-        run_sync(self.get(name).stop())
+        run_sync(Cluster.from_state(data).stop(forget=forget))
+        return []
 
     def scale(self, name: str, n: int) -> None:
         run_sync(self.get(name).scale(n))
@@ -102,6 +123,15 @@ class ClusterManager:
                 rows[name] = self._summary(cluster.to_dict(), 0, None)
         for name, (data, error) in self._failed.items():
             rows.setdefault(name, self._summary(data, 0, None, error))
+        for bad in state.corrupt_states():
+            rows[bad["name"]] = {
+                **dict.fromkeys(("engines", "backend", "pending", "preload"), ""),
+                **dict.fromkeys(("n", "ready", "target", "nodes", "age_s"), 0),
+                "name": bad["name"],
+                "status": "corrupt",
+                "error": bad["error"],
+                "connect_code": "",
+            }
         return [rows[name] for name in sorted(rows)]
 
     async def summary(self, name: str) -> dict:
@@ -170,7 +200,11 @@ class ClusterManager:
             task.cancel()
             await asyncio.wait([task], timeout=60)
         found = task is not None or self._failed.pop(name, None) is not None
-        data = state.load_state(name) if state.NAME_RE.match(name) else None
+        try:
+            data = state.load_state(name) if state.NAME_RE.match(name) else None
+        except state.CorruptState:  # nothing to read: stop what its folder names, forget it
+            await forget(name)
+            return
         if data is not None:
             cluster = self._clusters.get(name)
             if cluster is None or cluster.created != data["created"]:
@@ -226,16 +260,12 @@ class ClusterManager:
             if name in self._starting or name in self._busy:
                 continue
             data = datas.get(name)
-            if (
-                data is None
-                or data["created"] != cluster.created
-                or not alive(data.get("controller_pid"))
-            ):
+            if data is None or data["created"] != cluster.created or not controller_alive(data):
                 del self._clusters[name]
                 stale.append(cluster)
         for name, data in datas.items():
             cluster = self._clusters.get(name)
-            if cluster is None and alive(data.get("controller_pid")):
+            if cluster is None and controller_alive(data):
                 try:
                     cluster = self._clusters[name] = Cluster.from_state(data)
                 except LoungeError as e:  # e.g. its inventory file is gone
@@ -249,15 +279,13 @@ class ClusterManager:
     def _summary(self, data: dict, ready: int, pending: str | None, error: str | None = None):
         name, agents = data["name"], data.get("agents") or []
         status, pid = data["status"], data.get("controller_pid")
-        # on its way: a controller not spawned yet, or one we are stopping right now
-        between = (status == "starting" and not pid) or (
-            status == "stopping" and name in self._busy
-        )
+        # one we are stopping right now
+        between = status == "stopping" and name in self._busy
         if error is not None:
             status = "failed"
         elif name in self._starting:
             status = "starting"
-        elif not alive(pid) and not between:
+        elif not in_use(data) and not between:
             status = "dead"
             error = f"Its controller (pid {pid}) is gone; delete it to clean up what is left."
         return {
@@ -291,7 +319,7 @@ class ClusterManager:
         data = state.load_state(name) if state.NAME_RE.match(name) else None
         if data is None:
             raise self._missing(name)
-        if not alive(data.get("controller_pid")):
+        if not controller_alive(data):
             raise LoungeError(
                 f"Cluster {name!r} is dead (its controller is gone): delete it and start another."
             )

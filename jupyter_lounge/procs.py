@@ -74,15 +74,51 @@ def spawn(cmd: Sequence[str], log: Path, env: dict | None = None) -> subprocess.
         )
 
 
-def alive(pid: int | None) -> bool:
-    """True when ``pid`` runs and is not a zombie."""
+def alive(pid: int | None, start: str | None = None) -> bool:
+    """True when ``pid`` runs and is not a zombie; with ``start`` (see ``started``), only when
+    it is still the very process recorded then, not a stranger that got its pid later."""
     if not pid:
         return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+    fields = _stat(pid)
+    if fields is None or fields[0] == "Z":
         return False
+    return start is None or _identity(fields) == start
+
+
+def ours(pid: int | None, start: str | None) -> bool:
+    """True when the process recorded as (``pid``, ``start``) still runs; a record without a
+    start time is trusted with nothing."""
+    return bool(start) and alive(pid, start)
+
+
+def started(pid: int) -> str | None:
+    """What tells this process apart from any later one with the same pid: the boot it runs
+    in and its start time (clock ticks since boot). None when it is gone."""
+    fields = _stat(pid)
+    return None if fields is None else _identity(fields)
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_boot_id: str | None = None
+
+
+def _identity(fields: list[str]) -> str:
+    global _boot_id
+    if _boot_id is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                _boot_id = f.read().strip()
+        except OSError:
+            _boot_id = "?"
+    return f"{_boot_id}:{fields[19]}"  # field 22 of stat: starttime
 
 
 def _reap(pid: int) -> None:
@@ -92,9 +128,18 @@ def _reap(pid: int) -> None:
         pass
 
 
-async def kill_group(pid: int | None, *, grace: float = 5.0) -> None:
-    """SIGTERM the process group led by ``pid``, then SIGKILL whatever is left after ``grace``."""
-    if not pid:
+async def kill_group(pid: int | None, start: str | None, *, grace: float = 5.0) -> None:
+    """SIGTERM the process group led by ``pid``, then SIGKILL whatever is left after ``grace``.
+
+    ``start`` is what ``started(pid)`` said when the leader was spawned: if a process with
+    that pid runs now but is another one (the pid was reused, e.g. after a reboot), nothing
+    is signalled. A group whose leader has exited keeps its members: while any is left,
+    Linux gives that pid to no new process, so the group is still the one we started.
+    """
+    if not pid or start is None:
+        return
+    now = started(pid)
+    if now is not None and now != start:
         return
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:

@@ -7,8 +7,9 @@ the same spec, control and report files as for any other agent, and the relay ca
 over the SSH session's stdin and stdout (so no connection info is ever on a command line, and
 nothing needs a shared file system):
 
-* to the agent, as JSON lines: the spec first; the connection file (and the TLS certificate
-  and key, when the cluster has them) once the controller has written it; the control file
+* to the agent, as JSON lines: the spec first; the connection file (and, for Dask, the
+  cluster CA's certificate and the workers' certificate and key) once the controller has
+  written it; the control file
   whenever it changes (polled, and at once on SIGHUP);
 * from the agent: its reports, written to the local report file.
 
@@ -59,10 +60,11 @@ class Relay:
             return None
         files = {"connection.json": path.read_text()}
         tls_dir = (self.spec.get("engine_options") or {}).get("tls_dir")
-        if tls_dir:
-            for name in ("tls-cert.pem", "tls-key.pem"):  # Dask's; ipyparallel's are in the file
-                if (Path(tls_dir) / name).exists():
-                    files[name] = (Path(tls_dir) / name).read_text()
+        if tls_dir and self.spec.get("engine_kind") == "dask":  # ipyparallel's keys are in it
+            from .engines.dask import NODE_FILES  # the CA and the workers' own: not the client's
+
+            for name in NODE_FILES:
+                files[name] = (Path(tls_dir) / name).read_text()
         return files
 
     def forward_control(self) -> None:

@@ -6,6 +6,7 @@ started in one place is visible and controllable from all the others.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -14,20 +15,35 @@ from pathlib import Path
 from typing import Any
 
 from .errors import LoungeError
+from .trust import UntrustedPath, private_dir
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: Cluster names: anchored with \Z, since ``$`` would also accept a trailing newline.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+
+
+class CorruptState(LoungeError):
+    """A state file that cannot be read or parsed; ``lounge stop NAME --forget`` removes it."""
 
 
 def lounge_dir() -> Path:
-    """The root of all state: ``$JUPYTER_LOUNGE_DIR`` or ``<jupyter runtime dir>/lounge``."""
+    """The root of all state: ``$JUPYTER_LOUNGE_DIR`` or ``<jupyter runtime dir>/lounge``;
+    made 0700 when missing, refused when someone else could change it."""
     root = os.environ.get("JUPYTER_LOUNGE_DIR")
     if not root:
         from jupyter_core.paths import jupyter_runtime_dir
 
         root = os.path.join(jupyter_runtime_dir(), "lounge")
-    path = Path(root)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
+    root = os.path.abspath(os.path.expanduser(root))
+    if any(ord(c) < 32 or ord(c) == 127 for c in root):
+        raise LoungeError(
+            f"The lounge folder {root!r} has a control character in its path: set "
+            "JUPYTER_LOUNGE_DIR to a plain path."
+        )
+    try:
+        private_dir(root, "lounge folder")
+    except UntrustedPath as e:
+        raise LoungeError(str(e)) from None
+    return Path(root)
 
 
 def check_name(name: str) -> str:
@@ -40,11 +56,13 @@ def check_name(name: str) -> str:
 
 
 def cluster_dir(name: str) -> Path:
-    """Private folder of one cluster: connection files, agent specs, reports and logs."""
-    path = lounge_dir() / check_name(name)
-    path.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
+    """Private folder of one cluster: connection files, keys, agent specs, reports and logs."""
+    path = str(lounge_dir() / check_name(name))
+    try:
+        private_dir(path, "cluster folder")
+    except UntrustedPath as e:
+        raise LoungeError(str(e)) from None
+    return Path(path)
 
 
 def state_path(name: str) -> Path:
@@ -82,7 +100,26 @@ def save_state(name: str, data: dict) -> None:
 
 
 def load_state(name: str) -> dict | None:
-    return read_json(state_path(name))
+    """The state of cluster ``name``, None when there is none, CorruptState when its file
+    cannot be read or is not a state file."""
+    path = state_path(name)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise CorruptState(_corrupt(name, path, f"{type(e).__name__}: {e}")) from None
+    if not isinstance(data, dict) or data.get("name") != name or "created" not in data:
+        raise CorruptState(_corrupt(name, path, "it is not a cluster state file"))
+    return data
+
+
+def _corrupt(name: str, path: Path, why: str) -> str:
+    return (
+        f"The state file of cluster {name!r} ({path}) cannot be used ({why}): remove it with "
+        f"`lounge stop {name} --forget`."
+    )
 
 
 def remove_state(name: str) -> None:
@@ -92,13 +129,50 @@ def remove_state(name: str) -> None:
         state_path(name).unlink()
     except FileNotFoundError:
         pass
-    shutil.rmtree(lounge_dir() / check_name(name), ignore_errors=True)
+    folder = lounge_dir() / check_name(name)
+    if folder.is_symlink():  # never follow it: remove the link, not what it points to
+        folder.unlink()
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _names() -> list[str]:
+    return sorted(p.stem for p in lounge_dir().glob("*.json") if NAME_RE.match(p.stem))
 
 
 def list_states() -> list[dict]:
+    """Every readable cluster state, in name order (see ``corrupt_states`` for the rest)."""
     out = []
-    for path in sorted(lounge_dir().glob("*.json")):
-        data = read_json(path)
-        if data and data.get("name") == path.stem:
+    for name in _names():
+        try:
+            data = load_state(name)
+        except CorruptState:
+            continue
+        if data is not None:
             out.append(data)
     return out
+
+
+def corrupt_states() -> list[dict]:
+    """name, path and the sentence saying why, for each state file that cannot be used."""
+    out = []
+    for name in _names():
+        try:
+            load_state(name)
+        except CorruptState as e:
+            out.append({"name": name, "path": str(state_path(name)), "error": str(e)})
+    return out
+
+
+@contextlib.contextmanager
+def names_locked():
+    """Hold the lounge folder's lock: one process at a time checks a name and claims it, so
+    of two starts of one name, one wins and the other is told it is in use."""
+    import fcntl
+
+    fd = os.open(lounge_dir() / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

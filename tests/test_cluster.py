@@ -206,7 +206,7 @@ def test_timeout_names_what_it_waited_for(lounge_dir):
 def test_duplicate_name_and_unknown_names():
     cluster = Lounge(1, name="dup", progress=False).start_sync()
     try:
-        with pytest.raises(LoungeError, match="A cluster named 'dup' is already running"):
+        with pytest.raises(LoungeError, match="A cluster named 'dup' is already in use"):
             Lounge(1, name="dup", progress=False).start_sync()
         assert len(cluster.registered()) == 1  # the running one was left alone
         with pytest.raises(LoungeError, match="No cluster named 'nope'"):
@@ -263,8 +263,8 @@ def test_controller_lost_takes_engines_down(kind, pids_of):
         cluster.stop_sync()
 
 
-def test_encrypted_transport(kind):
-    cluster = Lounge(2, engines=kind, tls=True, wait=True, progress=False).start_sync()
+def test_encrypted_and_signed_by_default(kind):
+    cluster = Lounge(2, engines=kind, wait=True, progress=False).start_sync()
     try:
         assert list(cluster.map(lambda x: -x, [1, 2], progress=False).result) == [-1, -2]
         engine_file = cluster.kind.connection_files(cluster.dir)[0]
@@ -279,8 +279,9 @@ def test_encrypted_transport(kind):
                     timeout=3,
                     set_as_default=False,
                 )
-        else:
-            assert state.read_json(engine_file).get("curve_serverkey")
+        else:  # CurveZMQ, and every message signed too
+            info = state.read_json(engine_file)
+            assert info.get("curve_serverkey") and len(info.get("key", "")) == 64
     finally:
         cluster.stop_sync()
 

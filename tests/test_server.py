@@ -212,7 +212,7 @@ async def test_start_scale_stop_a_real_cluster(jp_fetch, lounge_dir, kind):
     assert (code, body) == (202, {"name": "web", "status": "starting"})
     # the name is taken from the moment the start is accepted
     code, body = await call(jp_fetch, "POST", "clusters", body={"n": 1, "name": "web"})
-    assert code == 400 and body["message"].startswith("A cluster named 'web' is already running")
+    assert code == 400 and body["message"].startswith("A cluster named 'web' is already in use")
     code, listing = await call(jp_fetch, "GET", "clusters")
     assert [c["name"] for c in listing["clusters"]] == ["web"]
     assert listing["clusters"][0]["status"] in ("starting", "running")
@@ -290,7 +290,7 @@ async def test_a_cluster_of_another_process_shows_at_once(jp_fetch, manager, lou
         assert (code, body) == (
             400,
             {
-                "message": "A cluster named 'kernel' is already running: choose another "
+                "message": "A cluster named 'kernel' is already in use: choose another "
                 "--name, or stop it with `lounge stop kernel`."
             },
         )

@@ -244,7 +244,7 @@ def test_a_server_error_is_shown_in_the_sidebar(lab):
                 page.locator('[data-testid="lounge-start-name"]').fill("taken")
                 page.locator(".jp-Dialog-button.jp-mod-accept").click()
                 expect(sidebar.locator('[data-testid="lounge-error"]')).to_contain_text(
-                    "already running"
+                    "already in use"
                 )
             finally:
                 browser.close()

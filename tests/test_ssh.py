@@ -136,13 +136,14 @@ def test_lounge_nodes_live_asks_every_node(lounge_toml):
 
 @pytest.mark.parametrize("kind", ["ipyparallel", "dask"])
 def test_nodes_need_no_shared_file_system(kind, lounge_toml, monkeypatch):
-    """The cluster's folder is on this machine's own /var/local, which no node sees (each has
-    its own): spec, connection files, TLS key and control reach the agents over the SSH
-    session, reports come back on it, and nothing secret is on any command line."""
-    here_only = Path("/var/local") / f"lounge-test-{uuid.uuid4().hex[:8]}"
+    """The cluster's folder is in a folder of this machine that no node sees (the testbed
+    mounts an empty one over it on each node): spec, connection files, TLS keys and control
+    reach the agents over the SSH session, reports come back on it, and nothing secret is on
+    any command line."""
+    here_only = TESTBED / "private" / f"lounge-test-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("JUPYTER_LOUNGE_DIR", str(here_only))
     assert not ssh_node(1, f"ls -d {here_only} 2>/dev/null || true").strip()
-    cluster = Lounge(6, engines=kind, nodes=3, tls=True, wait=True, progress=False, **lounge_toml)
+    cluster = Lounge(6, engines=kind, nodes=3, wait=True, progress=False, **lounge_toml)
     cluster.start_sync()
     try:
         df = cluster.map(
@@ -158,7 +159,10 @@ def test_nodes_need_no_shared_file_system(kind, lounge_toml, monkeypatch):
         assert f"{cluster.name}.0.1" in run
         files = ssh_node(2, f"ls /var/local/lounge/run/{cluster.name}.0.1").split()
         assert "connection.json" in files and "report.json" in files
-        assert ("tls-key.pem" in files) == (kind == "dask")  # ipyparallel's keys are in the file
+        # Dask: the cluster CA's certificate and the workers' own; never the client's or the
+        # scheduler's key. ipyparallel's keys are in the connection file.
+        tls = {f for f in files if f.startswith("tls-")}
+        assert tls == ({"tls-ca.pem", "tls-worker.pem"} if kind == "dask" else set())
         cluster.scale_sync(9)  # control travels the same way
         cluster.wait_for_engines_sync(9, timeout=60)
         assert cluster.nodes_status()[1]["target"] == 3

@@ -74,12 +74,12 @@ def test_cluster_rejects_bad_counts(n):
 
 
 def test_state_files_are_private_and_atomic(lounge_dir):
-    state.save_state("alpha", {"name": "alpha", "x": 1})
+    state.save_state("alpha", {"name": "alpha", "created": 1.0, "x": 1})
     path = state.state_path("alpha")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(state.cluster_dir("alpha")).st_mode) == 0o700
     assert [d["name"] for d in state.list_states()] == ["alpha"]
-    state.save_state("alpha", {"name": "alpha", "x": 2})
+    state.save_state("alpha", {"name": "alpha", "created": 1.0, "x": 2})
     assert state.load_state("alpha")["x"] == 2
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
     state.remove_state("alpha")

@@ -9,7 +9,7 @@ import signal
 import socket
 from pathlib import Path
 
-from ..procs import alive, kill_group, spawn
+from ..procs import kill_group, ours, spawn, started
 from .base import Backend
 
 
@@ -33,18 +33,21 @@ class LocalBackend(Backend):
             proc = spawn(
                 self.agent_command(agent["files"]["spec"]), Path(agent["files"]["log"]), env=env
             )
-            agent.update(pid=proc.pid, host=socket.gethostname())
+            agent.update(pid=proc.pid, start=started(proc.pid), host=socket.gethostname())
 
     async def nudge(self, agent: dict) -> None:
-        try:
-            os.kill(agent["pid"], signal.SIGHUP)
-        except (ProcessLookupError, KeyError):
-            pass
+        if ours(agent.get("pid"), agent.get("start")):
+            try:
+                os.kill(agent["pid"], signal.SIGHUP)
+            except ProcessLookupError:
+                pass
 
     async def release(self, agents: list[dict], grace: float) -> None:
-        await asyncio.gather(*(kill_group(a.get("pid"), grace=grace) for a in agents))
+        await asyncio.gather(
+            *(kill_group(a.get("pid"), a.get("start"), grace=grace) for a in agents)
+        )
 
     def agent_state(self, agent: dict) -> tuple[str, str]:
-        if alive(agent.get("pid")):
+        if ours(agent.get("pid"), agent.get("start")):
             return "alive", ""
         return "lost", f"node agent process {agent.get('pid')} is gone"

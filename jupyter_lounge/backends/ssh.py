@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from ..errors import LoungeError
-from ..procs import alive, kill_group, spawn
+from ..procs import kill_group, ours, spawn, started
 from ..sync import remote_path
 from .base import Backend
 
@@ -149,19 +149,19 @@ class SSHBackend(Backend):
                 [*relay, "--", *self.ssh_command(node.name), "--", remote],
                 Path(agent["files"]["log"]),
             )
-            agent.update(pid=proc.pid, host=node.host, python=python)
+            agent.update(pid=proc.pid, start=started(proc.pid), host=node.host, python=python)
 
     async def release(self, agents: list[dict], grace: float) -> None:
         # The control files already say stop; give the agents a moment, then end sessions.
         deadline = asyncio.get_running_loop().time() + grace
-        while any(alive(a.get("pid")) for a in agents):
+        while any(ours(a.get("pid"), a.get("start")) for a in agents):
             if asyncio.get_running_loop().time() > deadline:
                 break
             await asyncio.sleep(0.1)
-        await asyncio.gather(*(kill_group(a.get("pid"), grace=1.0) for a in agents))
+        await asyncio.gather(*(kill_group(a.get("pid"), a.get("start"), grace=1.0) for a in agents))
 
     def agent_state(self, agent: dict) -> tuple[str, str]:
-        if alive(agent.get("pid")):
+        if ours(agent.get("pid"), agent.get("start")):
             return "alive", ""
         return "lost", f"the SSH session to {agent.get('host')} ended"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,52 +11,110 @@ from typing import Any
 from ..errors import LoungeError, LoungeTimeout
 from .base import EngineKind, engine_name, parse_engine_name
 
+#: A cluster's TLS files: its own CA's certificate, and one certificate + key per role. The
+#: CA's key exists only while the scheduler starts, in memory: nothing can sign more later.
+CA_FILE = "tls-ca.pem"
+ROLE_FILES = {
+    "scheduler": "tls-scheduler.pem",
+    "worker": "tls-worker.pem",
+    "client": "tls-client.pem",
+}
+#: What a node needs (the relay ships these to nodes without a shared file system).
+NODE_FILES = (CA_FILE, ROLE_FILES["worker"])
 
-def _security(tls_dir: Path | str | None):
-    """Dask's Security for the cluster's own certificate, or None when TLS is off."""
-    if not tls_dir or not (Path(tls_dir) / "tls-cert.pem").exists():
+
+def security(tls_dir: Path | str | None, role: str):
+    """Dask's Security for ``role`` with the cluster's CA (mutual TLS: every side shows a
+    certificate the CA signed, or the connection is refused), or None without TLS."""
+    if not tls_dir:
         return None
     from distributed.security import Security
 
-    cert, key = str(Path(tls_dir) / "tls-cert.pem"), str(Path(tls_dir) / "tls-key.pem")
+    ca, own = str(Path(tls_dir) / CA_FILE), str(Path(tls_dir) / ROLE_FILES[role])
     return Security(
-        tls_ca_file=cert,
-        tls_client_cert=cert,
-        tls_client_key=key,
-        tls_worker_cert=cert,
-        tls_worker_key=key,
-        tls_scheduler_cert=cert,
-        tls_scheduler_key=key,
+        tls_ca_file=ca,
+        **{f"tls_{role}_cert": own, f"tls_{role}_key": own},
         require_encryption=True,
     )
 
 
-def make_certificate(cdir: Path) -> None:
-    """A self-signed certificate and key (0600) that scheduler, workers and client share."""
-    from ..procs import run
+def make_certificates(tls_dir: Path, host: str) -> None:
+    """A CA made for this cluster alone signs a certificate for the scheduler, the workers and
+    the client; each file (0600) holds a certificate and its key. The CA key is not kept."""
+    import datetime
+    import ipaddress
 
-    key, cert = cdir / "tls-key.pem", cdir / "tls-cert.pem"
-    cmd = [
-        "openssl",
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "30",
-        "-subj",
-        "/CN=jupyter-lounge",
-        "-keyout",
-        str(key),
-        "-out",
-        str(cert),
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-    ]
-    run(cmd, timeout=30)  # a failure quotes openssl's own words
-    key.chmod(0o600)
-    cert.chmod(0o600)
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=3650)
+
+    def cert(subject_cn, key, issuer, issuer_key, ca: bool, san=None):
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject_cn)]))
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start)
+            .not_valid_after(end)
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), True)
+        )
+        if san:
+            builder = builder.add_extension(x509.SubjectAlternativeName(san), False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "jupyter-lounge cluster CA")])
+    ca_cert = cert("jupyter-lounge cluster CA", ca_key, ca_name, ca_key, ca=True)
+    pem = serialization.Encoding.PEM
+    _write_private(tls_dir / CA_FILE, ca_cert.public_bytes(pem))
+    try:
+        san = [x509.IPAddress(ipaddress.ip_address(host))]
+    except ValueError:
+        san = [x509.DNSName(host)]
+    for role, name in ROLE_FILES.items():
+        key = ec.generate_private_key(ec.SECP256R1())
+        leaf = cert(f"jupyter-lounge {role}", key, ca_name, ca_key, ca=False, san=san)
+        key_pem = key.private_bytes(
+            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        _write_private(tls_dir / name, leaf.public_bytes(pem) + key_pem)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def route_to(host: str) -> str:
+    """This machine's address on the way to ``host`` (no packet is sent): the one address a
+    worker listens on and advertises."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))
+        return s.getsockname()[0]
+
+
+def members_only(base: type, role: str, http_address: str, tls: bool = True) -> type:
+    """``base`` (Dask's Scheduler or Worker) with its built-in HTTP server (health, metrics,
+    the dashboard) on ``http_address`` only; with ``tls``, on the terms of its comms: a
+    certificate from the cluster's CA, or the handshake fails. (Dask always starts this
+    server, by default on every interface and in the clear.)"""
+
+    class MembersOnly(base):
+        def start_http_server(self, routes, dashboard_address, default_port=0, ssl_options=None):
+            if tls:
+                ssl_options = self.security.get_listen_args(role)["ssl_context"]
+            return super().start_http_server(routes, http_address, 0, ssl_options)
+
+    MembersOnly.__name__ = MembersOnly.__qualname__ = f"Lounge{base.__name__}"
+    return MembersOnly
 
 
 class DaskEngines(EngineKind):
@@ -89,16 +148,22 @@ class DaskEngines(EngineKind):
         from ..state import read_json
 
         address = read_json(connection_file)["address"]
+        tls = address.startswith("tls://")
+        if not tls and not address.startswith("tcp://127."):
+            raise SystemExit(f"refusing an unencrypted scheduler across machines: {address}")
         name = engine_name(node, rank, f"r{restarts}" if restarts else "")
+        host = route_to(address.split("://", 1)[1].rsplit(":", 1)[0])
+        worker_class = members_only(Worker, "worker", f"{host}:0", tls)
 
         async def serve() -> None:
-            async with Worker(
+            async with worker_class(
                 address,
+                host=host,  # listen on the address it advertises, never on every interface
                 name=name,
                 nthreads=1,
                 memory_limit=0,
                 nanny=None,
-                security=_security(options.get("tls_dir")),
+                security=security(options.get("tls_dir"), "worker") if tls else None,
                 local_directory=options.get("local_directory"),
                 validate=False,
             ) as worker:
@@ -110,21 +175,14 @@ class DaskEngines(EngineKind):
         cmd = [
             sys.executable,
             "-m",
-            "distributed.cli.dask_scheduler",
+            "jupyter_lounge.engines.dask_scheduler",
             f"--host={listen_ip}",
-            "--port=0",
-            "--no-dashboard",
             f"--scheduler-file={cdir / 'scheduler.json'}",
         ]
         if options.get("tls"):
-            make_certificate(cdir)
-            cert, key = cdir / "tls-cert.pem", cdir / "tls-key.pem"
-            cmd += [
-                "--protocol=tls",
-                f"--tls-ca-file={cert}",
-                f"--tls-cert={cert}",
-                f"--tls-key={key}",
-            ]
+            cmd.append(f"--tls-dir={cdir}")
+        if options.get("dashboard"):
+            cmd.append("--dashboard")
         return cmd
 
     def connection_files(self, cdir: Path) -> tuple[Path, Path]:
@@ -133,11 +191,14 @@ class DaskEngines(EngineKind):
     def _connect(self, cdir: Path, timeout: float) -> Any:
         from distributed import Client
 
+        from ..state import read_json
+
+        address = (read_json(cdir / "scheduler.json") or {}).get("address", "")
         return Client(
-            scheduler_file=str(cdir / "scheduler.json"),
+            address,
             timeout=timeout,
             set_as_default=False,
-            security=_security(cdir),
+            security=security(cdir, "client") if address.startswith("tls://") else None,
         )
 
     def close(self, client: Any) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import sys
 import time
 import uuid
@@ -61,6 +63,17 @@ class IPyParallelEngines(EngineKind):
 
     def controller_command(self, cdir: Path, listen_ip: str, options: dict) -> list[str]:
         hb = int(options.get("heartbeat_ms", 150))
+        # Every message is signed (HMAC with a key made here), CurveZMQ or not: ipyparallel
+        # drops the key when Curve is on unless the config names one. The key goes into the
+        # profile's config file (0600), never onto a command line that `ps` shows.
+        profile = cdir / "profile"
+        profile.mkdir(mode=0o700, exist_ok=True)
+        config = profile / "ipcontroller_config.py"
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"c.Session.key = {secrets.token_hex(32).encode()!r}\n")
+            if options.get("tls"):  # here, not on the command line: it would drop the key
+                f.write("c.IPController.enable_curve = True\n")
         return [
             sys.executable,
             "-m",
@@ -70,7 +83,7 @@ class IPyParallelEngines(EngineKind):
             f"--HeartMonitor.period={hb}",
             "--HeartMonitor.max_heartmonitor_misses=20",  # ~3 s to declare an engine dead
             "--log-level=WARN",
-        ] + (["--IPController.enable_curve=True"] if options.get("tls") else [])
+        ]
 
     def connection_files(self, cdir: Path) -> tuple[Path, Path]:
         sec = cdir / "profile" / "security"
