@@ -38,7 +38,11 @@ from pathlib import Path
 from .errors import LoungeError
 
 DEFAULT_PATH = "~/.config/jupyter_lounge/lounge.toml"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+#: What ssh may be handed as a host (a name, IPv4 or IPv6): never an option (no leading '-').
+HOST_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:%-]*\Z")
+#: A login name on a node (POSIX portable names, and '$' for machine accounts).
+USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\$?\Z")
 
 
 @dataclass(frozen=True)
@@ -190,9 +194,10 @@ def _nodes(path: Path, text: str, data: dict) -> list[Node]:
 def _value(key: str, value, here: str):
     if key in ("port", "gpus", "engines"):
         low = 1 if key in ("port", "engines") else 0
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        high = {"port": 65535, "gpus": 64, "engines": 4096}[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise LoungeError(
-                f"{here}: {key!r} must be a whole number of at least {low}, not {value!r}."
+                f"{here}: {key!r} must be a whole number from {low} to {high}, not {value!r}."
             )
         return value
     if key == "pools":
@@ -205,7 +210,38 @@ def _value(key: str, value, here: str):
         return tuple(value)
     if not isinstance(value, str) or (key in ("name", "host") and not value.strip()):
         raise LoungeError(f"{here}: {key!r} must be a non-empty string, not {value!r}.")
-    return os.path.expanduser(value) if key in ("key", "known_hosts") else value
+    return _checked(key, value, here)
+
+
+def _checked(key: str, value: str, here: str) -> str:
+    """A string value that reaches ssh's command line or the node's shell: refused with one
+    sentence when it could mean more than it says (an option, a second line, a second word)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise LoungeError(f"{here}: {key!r} {value!r} holds a control character (a newline?).")
+    if key == "host" and not HOST_RE.match(value):
+        raise LoungeError(
+            f"{here}: 'host' {value!r} is not a host name or address (and may not start with '-')."
+        )
+    if key == "user" and value and not USER_RE.match(value):
+        raise LoungeError(
+            f"{here}: 'user' {value!r} is not a login name: use letters, digits, '_', '.' "
+            "or '-', not starting with '-'."
+        )
+    if key in ("python", "local_dir", "key", "known_hosts") and value.startswith("-"):
+        raise LoungeError(f"{here}: {key!r} {value!r} may not start with '-'.")
+    if key == "local_dir" and not (value.startswith("/") or value == "~" or value[:2] == "~/"):
+        raise LoungeError(
+            f"{here}: 'local_dir' {value!r} must be an absolute path or start with ~/ "
+            "(a folder on the node's own disk)."
+        )
+    if key in ("key", "known_hosts"):
+        if any(c.isspace() or c in "\"'" for c in value):
+            raise LoungeError(
+                f"{here}: {key!r} {value!r} has a space or a quote, which ssh would split or "
+                "unquote: use a path without them."
+            )
+        return os.path.expanduser(value)
+    return value
 
 
 def _idle(base: IdlePolicy, table: dict, where: _Where, label: str) -> IdlePolicy:

@@ -249,7 +249,10 @@ class NodeAgent:
             if self.courtesy is None
             else {"state": self.courtesy.state, "reason": self.courtesy.reason},
         }
-        write_json(self.report_path, report)
+        try:
+            write_json(self.report_path, report)
+        except OSError:  # a full disk: the engines run on; the next report may get through
+            pass
         if self.stdio is not None:
             self.stdio.send(report)
 
@@ -265,11 +268,22 @@ class NodeAgent:
     def _localize(self, spec: dict) -> dict:
         """Point the spec's files at a private node-local folder (the cluster's own paths are
         on the machine that runs the controller, not here)."""
+        from .trust import UntrustedPath, private_dir
+
         base = os.path.expanduser(spec.get("local_dir") or "~/.cache/jupyter_lounge")
         run = os.path.join(base, "run", f"{spec['cluster']}.{spec['key']}")
-        _remove_stale_run_dirs(os.path.join(base, "run"))
-        os.makedirs(run, mode=0o700, exist_ok=True)
-        os.chmod(run, 0o700)
+        try:  # ours alone, or refused: the engines' keys and connection files go here
+            private_dir(base, "local_dir")
+            private_dir(os.path.join(base, "run"), "agents' folder")
+            _remove_stale_run_dirs(os.path.join(base, "run"))
+            private_dir(run, "agent folder")
+        except (UntrustedPath, OSError) as e:
+            where = spec.get("node") or socket.gethostname()
+            message = f"node {where!r} refuses its local_dir: {e}"
+            self.stdio.send(
+                {"node": where, "status": "failed", "error": message, "time": time.time()}
+            )
+            raise SystemExit(f"node agent: {message}") from None
         self.run_dir = run
         spec["connection_file"] = os.path.join(run, "connection.json")
         spec["control_file"] = os.path.join(run, "control.json")

@@ -1,6 +1,9 @@
 """The local end of a node agent reached over SSH, for nodes that share no file system.
 
-``python -m jupyter_lounge.relay SPEC.json -- ssh ... node python -m jupyter_lounge.node --stdio``
+``python -m jupyter_lounge.relay SPEC.json [--program] -- ssh ... -- node COMMAND``
+
+(``--program``: the command is envstore's bootstrap, which first reads the node program from
+the session's stdin, then starts the agent of a synced environment.)
 
 The relay runs here, beside the controller, in the agent's place: the cluster reads and writes
 the same spec, control and report files as for any other agent, and the relay carries them
@@ -35,11 +38,12 @@ STOP_GRACE_S = 8.0
 
 
 class Relay:
-    def __init__(self, spec_path: str, ssh: list[str]):
+    def __init__(self, spec_path: str, ssh: list[str], program: bool = False):
         self.spec = read_json(spec_path)
         if self.spec is None:
             raise SystemExit(f"relay: cannot read spec file {spec_path}")
         self.ssh = ssh
+        self.program = program  # the node program (envstore) goes first: it starts the agent
         self.files_sent = False
         self.control_mtime = 0.0
         self.hup = False
@@ -83,6 +87,13 @@ class Relay:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         self.proc = subprocess.Popen(self.ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        if self.program:
+            from .envstore import program
+
+            try:
+                self.proc.stdin.write(program())
+            except (BrokenPipeError, OSError):
+                pass  # the session ended; the loop sees it on stdout
         self.send({"spec": self.spec})
         out, buf = self.proc.stdout.fileno(), b""
         while True:
@@ -112,7 +123,10 @@ class Relay:
                     report = json.loads(line)
                 except ValueError:
                     continue
-                write_json(self.spec["report_file"], report)
+                try:
+                    write_json(self.spec["report_file"], report)
+                except OSError:  # a full disk: the next report may get through
+                    pass
 
     def _on_term(self, signum, frame) -> None:
         if self.term_at is None:
@@ -121,9 +135,14 @@ class Relay:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    program = len(argv) > 1 and argv[1] == "--program"
+    if program:
+        del argv[1]
     if len(argv) < 3 or argv[1] != "--":
-        raise SystemExit("usage: python -m jupyter_lounge.relay SPEC.json -- SSH COMMAND...")
-    sys.exit(Relay(argv[0], argv[2:]).run())
+        raise SystemExit(
+            "usage: python -m jupyter_lounge.relay SPEC.json [--program] -- SSH COMMAND..."
+        )
+    sys.exit(Relay(argv[0], argv[2:], program).run())
 
 
 if __name__ == "__main__":

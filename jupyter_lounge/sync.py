@@ -7,9 +7,12 @@ fingerprint is a content hash: the Python version and base interpreter, every in
 distribution's RECORD (which lists the sha256 of each file it installed) and jupyter_lounge's
 own source. A node that already has that fingerprint is not shipped to again, so only a
 changed environment travels. All nodes are asked at once; the nodes that need it receive one
-tar stream, written to all their SSH sessions together, unpacked into a temporary folder and
-renamed into place only when complete (an interrupted sync never leaves a half environment);
-of the older environments on a node only the latest stays (a cluster may still run it).
+tar stream, written to all their SSH sessions together. The node's side (``envstore``, sent as
+source to the node's base Python) checks that the folders are the user's alone, unpacks under
+the store's lock into a unique temporary folder, verifies the hash of what arrived against
+the one computed here while sending, and only then renames it into place (an interrupted or
+damaged sync never leaves a half environment); of the older environments on a node the one
+before stays, and none that a running agent uses is removed.
 
 A virtualenv points at its base interpreter (``home`` in ``pyvenv.cfg``); a node must have
 the same base Python at the same path, as identically imaged lounge PCs do. The sync checks
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -30,11 +34,12 @@ import tarfile
 import time
 from pathlib import Path
 
+from . import envstore
+from .envstore import TreeHash
 from .errors import LoungeError
 from .procs import call
 from .state import read_json, write_json
 
-MARKER = ".lounge-env"
 KEEP = 2  # environments kept on a node: the new one and the one before
 
 
@@ -96,23 +101,39 @@ def _editable_hooks(site: Path, source: Path) -> set[Path]:
     return hooks
 
 
-def write_tar(out) -> int:
-    """Write this environment as a tar stream to ``out``; return the bytes of file data."""
+class _Hashing:
+    """A file read through: what tarfile copies from it also goes into the tree hash."""
+
+    def __init__(self, f, tree: TreeHash):
+        self.f, self.tree = f, tree
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.tree.data(data)
+        return data
+
+
+def write_tar(out, tree: TreeHash | None = None) -> int:
+    """Write this environment as a tar stream to ``out``; return the bytes of file data. Every
+    member also goes into ``tree`` (see envstore.TreeHash), as the node will hash it."""
     prefix, site = Path(sys.prefix), Path(sysconfig.get_paths()["purelib"])
     source = _source_dir()
     skip = _editable_hooks(site, source)
     inside = prefix in source.parents
-    total = 0
+    tree = tree or TreeHash()
     with tarfile.open(fileobj=out, mode="w|", bufsize=1 << 20) as tar:
 
         def add(path: Path, arcname: str) -> None:
-            nonlocal total
             info = tar.gettarinfo(str(path), arcname)
             if info.isreg():
-                total += info.size
+                tree.member("f", info.name, str(info.size))
                 with open(path, "rb") as f:
-                    tar.addfile(info, f)
-            elif info.isdir() or info.issym():
+                    tar.addfile(info, _Hashing(f, tree))
+            elif info.isdir():
+                tree.member("d", info.name, "")
+                tar.addfile(info)
+            elif info.issym():
+                tree.member("l", info.name, info.linkname)
                 tar.addfile(info)
 
         for root, dirs, files in os.walk(prefix):
@@ -127,21 +148,22 @@ def write_tar(out) -> int:
                 add(path, str(path.relative_to(prefix)))
         if not inside:  # an editable install: its source goes in as a plain package
             arc = site.relative_to(prefix) / "jupyter_lounge"
+            add(source, str(arc))
             for path in sorted(source.rglob("*")):
                 if "__pycache__" in path.parts:
                     continue
                 add(path, str(arc / path.relative_to(source)))
-    return total
+    return tree.bytes
 
 
 class _FanOut:
-    """A file-like object that writes each chunk to every live process's stdin."""
+    """A file-like object that writes each chunk, as one frame, to every live session's stdin."""
 
     def __init__(self, procs: dict[str, subprocess.Popen]):
         self.procs = dict(procs)
         self.failed: dict[str, str] = {}
 
-    def write(self, data: bytes) -> int:
+    def send(self, data: bytes) -> None:
         for name, proc in list(self.procs.items()):
             try:
                 proc.stdin.write(data)
@@ -150,10 +172,27 @@ class _FanOut:
                 del self.procs[name]
         if not self.procs:
             raise LoungeError("every node's SSH session ended while the environment was shipped")
+
+    def write(self, data: bytes) -> int:
+        self.send(envstore.frame(b"D", bytes(data)))
         return len(data)
 
     def flush(self) -> None:
         pass
+
+
+def _node_command(backend, node, action: str, *args: str) -> list[str]:
+    """ssh to ``node``, running the node program (envstore) with the base Python."""
+    return [
+        *backend.ssh_command(node.name),
+        shlex.join(envstore.command(base_python(), action, *args)),
+    ]
+
+
+def _said(error: str) -> str:
+    """What the node or ssh said, without our wrapping and the command line."""
+    said = re.split(r"exit code -?\d+: |within ", error, maxsplit=1)[-1].strip()
+    return said.splitlines()[-1] if said else "no answer"
 
 
 async def sync(backend, names: list[str] | None = None, force: bool = False) -> list[dict]:
@@ -163,16 +202,18 @@ async def sync(backend, names: list[str] | None = None, force: bool = False) -> 
     nodes = [backend.nodes[n] for n in (list(backend.nodes) if names is None else names)]
 
     async def check(node) -> tuple[str, str]:
-        d = remote_path(env_dir(node.local_dir, fp))
-        script = (
-            f"if [ ! -x {shlex.quote(base)} ]; then echo nobase; "
-            f"elif [ -f {d}/{MARKER} ]; then echo present; else echo absent; fi"
-        )
+        cmd = _node_command(backend, node, "check", node.local_dir, fp)
         try:
-            out = await call([*backend.ssh_command(node.name), "--", script], timeout=30)
-        except LoungeError as e:  # say what ssh said, not the whole command line
-            return "failed", re.split(r"exit code -?\d+: |within ", str(e), maxsplit=1)[-1]
-        return out.strip().splitlines()[-1] if out.strip() else "failed", ""
+            out = await call(cmd, timeout=30, input=envstore.program())
+        except LoungeError as e:
+            if "exit code 127" in str(e):  # the shell found no such python
+                return "nobase", ""
+            return "failed", _said(str(e))
+        try:
+            answer = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return "failed", f"the node answered {out.strip()[-200:]!r}"
+        return answer["state"], answer.get("problem") or ""
 
     t0 = time.monotonic()
     states = await asyncio.gather(*(check(n) for n in nodes))
@@ -187,7 +228,7 @@ async def sync(backend, names: list[str] | None = None, force: bool = False) -> 
             )
         elif how == "present" and force:
             how = "absent"
-        elif how == "failed":
+        elif how in ("failed", "refused"):
             how = f"failed: {why or 'no answer'}"
         row["status"] = how
         rows[node.name] = row
@@ -210,7 +251,7 @@ async def sync(backend, names: list[str] | None = None, force: bool = False) -> 
 
 
 # What this machine synced where: a ``--sync`` start trusts it instead of asking each node
-# again (the agent's own command checks the environment is there and says so if not).
+# again (the node program that starts the agent checks the environment is there, and ours).
 def _memory_path() -> Path:
     from .state import lounge_dir
 
@@ -227,36 +268,39 @@ def _key(node) -> str:
 
 def remembered(backend, names: list[str]) -> dict[str, str]:
     """The nodes among ``names`` that this machine synced this very environment to: node ->
-    its env folder (their python is set on the backend)."""
+    its fingerprint (their python is set on the backend)."""
     fp, memory, found = fingerprint(), _memory(), {}
     for name in names:
         node = backend.nodes[name]
         if memory.get(_key(node)) == fp:
-            found[name] = env_dir(node.local_dir, fp)
-            backend.pythons[name] = found[name] + "/bin/python"
+            found[name] = fp
+            backend.pythons[name] = env_dir(node.local_dir, fp) + "/bin/python"
     return found
+
+
+def launch_command(node, fp: str) -> str:
+    """The remote command that starts a node's agent from its synced environment: the node
+    program checks the folders are the user's alone, then becomes that env's agent (the relay
+    sends the program first, see ``--program``)."""
+    return shlex.join(envstore.command(base_python(), "launch", node.local_dir, fp))
 
 
 def _ship(backend, nodes, fp: str) -> dict[str, tuple[str, int]]:
     procs = {}
     for node in nodes:
-        d = remote_path(env_dir(node.local_dir, fp))
-        script = (
-            f"set -e; rm -rf {d}.part; mkdir -p {d}.part; tar -x -C {d}.part; "
-            f"touch {d}.part/{MARKER}; rm -rf {d}; mv {d}.part {d}; "
-            # older environments: the one before stays (a cluster may still run it)
-            f"cd {d}/.. && ls -1t | grep -v '[.]part$' | tail -n +{KEEP + 1} | xargs -r rm -rf"
-        )
         procs[node.name] = subprocess.Popen(
-            [*backend.ssh_command(node.name), "--", script],
+            _node_command(backend, node, "receive", node.local_dir, fp, str(KEEP)),
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
     fan = _FanOut(procs)
-    size, error = 0, ""
+    tree, error = envstore.TreeHash(), ""
     try:
-        size = write_tar(fan)
+        fan.send(envstore.program())
+        write_tar(fan, tree)
+        trailer = {"tree": tree.hexdigest(), "files": tree.files, "bytes": tree.bytes}
+        fan.send(envstore.frame(b"E", json.dumps(trailer).encode()))
     except LoungeError as e:
         error = str(e)
     result = {}
@@ -268,9 +312,9 @@ def _ship(backend, nodes, fp: str) -> dict[str, tuple[str, int]]:
             err = b"unpacking did not finish within 300 s"
         except (BrokenPipeError, OSError, ValueError):
             err = proc.stderr.read() if proc.wait(timeout=300) else b""
-        if name in fan.failed or proc.returncode != 0:
+        if name in fan.failed or proc.returncode != 0 or error:
             why = err.decode(errors="replace").strip() or fan.failed.get(name) or error
             result[name] = (f"failed: {why.splitlines()[-1] if why else 'unknown'}", 0)
         else:
-            result[name] = ("shipped", round(size / 2**20))
+            result[name] = ("shipped", round(tree.bytes / 2**20))
     return result

@@ -81,7 +81,7 @@ def test_a_good_inventory(write):
         ("[[node]]\nname = 'a'\nhost = 'h'\ngpu = 1\n", "unknown key 'gpu'; expected one of"),
         (
             "[[node]]\nname = 'a'\nhost = 'h'\n[[node]]\nname = 'b'\nhost = 'h'\nengines = 0\n",
-            "line 4 ([[node]] number 2): 'engines' must be a whole number of at least 1, not 0",
+            "line 4 ([[node]] number 2): 'engines' must be a whole number from 1 to 4096, not 0",
         ),
         ("[[node]]\nname = 'a'\nhost = 'h'\ngpus = 'two'\n", "'gpus' must be a whole number"),
         (

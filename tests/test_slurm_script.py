@@ -94,7 +94,7 @@ def test_traitlets_config_and_flags_compose():
     [
         ({"partitionn": "gpu"}, "Unknown Slurm option 'partitionn'"),
         ({"mem_per_engine": "lots"}, "Memory per engine 'LOTS' is not a size"),
-        ({"engines_per_node": 0}, "must be above 0"),
+        ({"engines_per_node": 0}, "engines_per_node must be a whole number above 0, not 0"),
     ],
 )
 def test_bad_options_are_one_sentence(options, expected):

@@ -11,17 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import shlex
 import socket
 import time
 from pathlib import Path
 
-from traitlets import Float, Integer, List, Unicode
+from traitlets import Float, Integer, List, TraitError, Unicode
 from traitlets.config import Configurable
 
+from .. import validate
+from ..config import settings
 from ..errors import LoungeError, LoungeTimeout
 from ..procs import call, run, tail
 from .base import Backend
+
+#: Partition, account and QOS names (a comma-separated list where Slurm takes one).
+LIST_RE = re.compile(r"^[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*\Z")
+#: Slurm's time formats: minutes, m:s, h:m:s, d-h, d-h:m, d-h:m:s, or no limit.
+TIME_RE = re.compile(r"^(\d+(-\d+)?(:\d+){0,2}|UNLIMITED|INFINITE|unlimited|infinite)\Z")
+#: One more #SBATCH option: --name or --name=value, nothing sbatch would split or unquote.
+DIRECTIVE_RE = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*(=[^\s'\"\\]+)?\Z")
 
 RUNNING = {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STAGE_OUT"}
 #: Pending reasons that no amount of waiting cures: the request exceeds what the partition,
@@ -71,13 +81,53 @@ class SlurmBackend(Configurable, Backend):
                 f"Unknown Slurm option {unknown[0]!r}: use one of {', '.join(sorted(known))}."
             )
         options = {k: v for k, v in options.items() if v is not None}
-        Configurable.__init__(self, config=config, **options)
+        try:
+            Configurable.__init__(self, config=config, **options)
+        except TraitError as e:  # a value of the wrong type
+            raise LoungeError(f"A Slurm option has a value of the wrong type: {e}") from None
         Backend.__init__(self, **options)
-        if self.engines_per_node <= 0 or self.cpus_per_engine <= 0:
-            raise LoungeError("engines_per_node and cpus_per_engine must be above 0.")
+        self._check_values()
         self._jobs: dict[str, tuple[str, str]] = {}
         self._jobs_at = 0.0
         self._ended: dict[str, str] = {}
+
+    def _check_values(self) -> None:
+        """Every value that lands in the batch script: one line each, in Slurm's own syntax,
+        or one sentence saying what was wrong (a newline would start a line bash runs)."""
+        for key, pattern, example in (
+            ("partition", LIST_RE, "gpu or gpu,debug"),
+            ("account", LIST_RE, "proj42"),
+            ("qos", LIST_RE, "normal"),
+            ("time_limit", TIME_RE, "1:00:00, 90 or 2-00:00:00"),
+        ):
+            value = validate.no_control(getattr(self, key), f"The Slurm option {key}")
+            if value and not pattern.match(value):
+                raise LoungeError(
+                    f"The Slurm option {key} {value!r} is not valid: use a value like {example}."
+                )
+        if self.mem_per_engine:
+            _megabytes(validate.no_control(self.mem_per_engine, "mem_per_engine"))
+        limit = settings().max_engines
+        validate.count(self.engines_per_node, "engines_per_node", limit)
+        validate.count(self.cpus_per_engine, "cpus_per_engine", 4096)
+        if not 0 <= self.gpus_per_node <= 64:
+            raise LoungeError(f"gpus_per_node must be 0 to 64, not {self.gpus_per_node}.")
+        for d in self.extra_directives:
+            text = validate.no_control(d, "The #SBATCH directive")
+            if not DIRECTIVE_RE.match(text if text.startswith("-") else f"--{text}"):
+                raise LoungeError(
+                    f"The #SBATCH directive {d!r} is not valid: give one option, like "
+                    "--constraint=a100 or --exclusive, with no spaces or quotes."
+                )
+        if self.listen_ip:
+            import ipaddress
+
+            try:
+                ipaddress.ip_address(self.listen_ip)
+            except ValueError:
+                raise LoungeError(
+                    f"c.SlurmBackend.listen_ip {self.listen_ip!r} is not an IP address."
+                ) from None
 
     # -- placement -------------------------------------------------------------------------
     def plan(self, n: int, nodes: int | None) -> list[tuple[str | None, int]]:
@@ -97,6 +147,11 @@ class SlurmBackend(Configurable, Backend):
         return self._script(cluster, [k for _, k in self.plan(n, nodes)], Path(cdir), alloc)
 
     def _script(self, cluster: str, counts: list[int], cdir: Path, alloc: int) -> str:
+        if re.search(r"[\s'\"\\]", str(cdir)):
+            raise LoungeError(
+                f"The cluster folder {cdir} has a space or a quote in its path, which an "
+                "#SBATCH line cannot hold: set JUPYTER_LOUNGE_DIR to a plain path."
+            )
         n, per_node = sum(counts), max(counts)
         lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in self._directives(cluster, counts, cdir))]
         spec = cdir / f"agent-{alloc}.{{task}}.spec"

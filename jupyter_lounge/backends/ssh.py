@@ -18,6 +18,7 @@ import socket
 import sys
 from pathlib import Path
 
+from .. import validate
 from ..errors import LoungeError
 from ..procs import kill_group, ours, spawn, started
 from ..sync import remote_path
@@ -36,6 +37,13 @@ class SSHBackend(Backend):
             raise LoungeError(
                 f"Unknown ssh option {unknown[0]!r}: use one of {', '.join(OPTIONS)}."
             )
+        for key in ("inventory", "pool", "known_hosts", "ssh_config"):
+            if options.get(key) is not None:
+                validate.no_control(options[key], f"The ssh option {key}")
+                if options[key].startswith("-"):
+                    raise LoungeError(
+                        f"The ssh option {key} {options[key]!r} may not start with '-'."
+                    )
         super().__init__(**options)
         self.may_skip_nodes = not options.get("strict", False)
         from .. import inventory
@@ -86,9 +94,17 @@ class SSHBackend(Backend):
         cmd = [
             "ssh",
             "-o",
-            "BatchMode=yes",
+            "BatchMode=yes",  # never a password prompt
             "-o",
-            "StrictHostKeyChecking=yes",
+            "StrictHostKeyChecking=yes",  # a host key we know, or no connection
+            "-o",
+            "ForwardAgent=no",  # a node must not borrow our keys to reach further
+            "-o",
+            "ForwardX11=no",
+            "-o",
+            "ClearAllForwardings=yes",  # no tunnels either way, whatever ssh_config says
+            "-o",
+            "PermitLocalCommand=no",
             "-o",
             "ConnectTimeout=10",
             "-o",
@@ -107,7 +123,7 @@ class SSHBackend(Backend):
             cmd += ["-i", node.key, "-o", "IdentitiesOnly=yes"]
         if node.user:
             cmd += ["-l", node.user]
-        return [*cmd, node.host]
+        return [*cmd, "--", node.host]  # then the remote command: one word, already quoted
 
     async def sync(self, names: list[str] | None = None, force: bool = False) -> list[dict]:
         """Preposition this environment on the nodes (see ``jupyter_lounge.sync``); the agents
@@ -117,15 +133,15 @@ class SSHBackend(Backend):
         return await sync(self, names, force)
 
     async def place(self, agents: list[dict], cdir: Path, cluster: str) -> None:
-        guard = {}  # node -> the synced env its agent checks for itself (no extra round trip)
+        from .. import sync
+
+        synced = {}  # node -> fingerprint of the synced environment its agent runs
         if self.options.get("sync"):
             import warnings
 
-            from .. import sync
-
             names = sorted({a["node"] for a in agents})
-            guard = sync.remembered(self, names)  # synced before with this very environment
-            unknown = [n for n in names if n not in guard]
+            synced = sync.remembered(self, names)  # synced before with this very environment
+            unknown = [n for n in names if n not in synced]
             for row in await self.sync(unknown) if unknown else []:
                 if row["status"].startswith("failed"):
                     warnings.warn(
@@ -133,20 +149,21 @@ class SSHBackend(Backend):
                         f"({row['status'].removeprefix('failed: ')}).",
                         stacklevel=2,
                     )
+                else:
+                    synced[row["node"]] = row["env"].rsplit("/", 1)[-1]
         for agent in agents:
             node = self.nodes[agent["node"]]
-            python = self.pythons.get(node.name, node.python)
-            remote = f"exec {remote_path(python)} -m jupyter_lounge.node --stdio"
-            if node.name in guard:
-                env = remote_path(guard[node.name])
-                remote = (
-                    f"[ -f {env}/.lounge-env ] || {{ echo 'the synced environment "
-                    f"{guard[node.name]} is not on {node.name} (any more): run lounge sync' >&2;"
-                    f" exit 3; }}; {remote}"
-                )
             relay = [sys.executable, "-m", "jupyter_lounge.relay", agent["files"]["spec"]]
+            if node.name in synced:
+                # the node program checks the env's folders, then becomes its agent
+                python = sync.env_dir(node.local_dir, synced[node.name]) + "/bin/python"
+                remote = sync.launch_command(node, synced[node.name])
+                relay.append("--program")
+            else:
+                python = node.python
+                remote = f"exec {remote_path(python)} -m jupyter_lounge.node --stdio"
             proc = spawn(
-                [*relay, "--", *self.ssh_command(node.name), "--", remote],
+                [*relay, "--", *self.ssh_command(node.name), remote],
                 Path(agent["files"]["log"]),
             )
             agent.update(pid=proc.pid, start=started(proc.pid), host=node.host, python=python)
@@ -173,7 +190,7 @@ class SSHBackend(Backend):
             row = {"name": node.name, "host": node.host, "pools": ",".join(node.pools)}
             remote = shlex.join([node.python, "-m", "jupyter_lounge.telemetry"])
             try:
-                out = await call([*self.ssh_command(node.name), "--", remote], timeout=timeout)
+                out = await call([*self.ssh_command(node.name), remote], timeout=timeout)
                 sample = json.loads(out.strip().splitlines()[-1])
             except (LoungeError, ValueError, IndexError) as e:
                 return {**row, "state": "offline", "why": str(e).rsplit("`", 1)[-1].strip()[:200]}
