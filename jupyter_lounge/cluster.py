@@ -555,7 +555,15 @@ class Cluster:
         if self.status == "stopped":
             return  # stopping twice (or after a failed start, which stopped) is harmless
         self.status = "stopping"
-        _best_effort(self.save)
+        # the record is removed when it is ours or gone; never one that a later cluster of
+        # this name wrote, nor one that cannot be read (`--forget` is for that)
+        try:
+            recorded = state.load_state(self.name)
+            ours_to_remove = recorded is None or recorded.get("created") == self.created
+        except state.CorruptState:
+            recorded, ours_to_remove = None, False
+        if recorded is not None and ours_to_remove:
+            _best_effort(self.save)
         for a in self.agents:
             _best_effort(state.write_json, a["files"]["control"], {"stop": True})
         try:
@@ -578,7 +586,8 @@ class Cluster:
                 f"Cluster {self.name!r} is only partly stopped: {released} Its controller is "
                 f"stopped; run `lounge stop {self.name}` again once that is fixed."
             )
-        state.remove_state(self.name)
+        if ours_to_remove:
+            state.remove_state(self.name)
         self.status = "stopped"
         global _current
         if _current is self:

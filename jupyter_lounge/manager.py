@@ -14,9 +14,10 @@ import asyncio
 import logging
 import time
 
+from . import cluster as clusters
 from . import commands, state
 from ._loop import run_sync
-from .cluster import Cluster, controller_alive, ensure_name_free, forget, in_use, name_in_use
+from .cluster import Cluster, controller_alive, ensure_name_free, in_use, name_in_use
 from .errors import LoungeError, NoSuchCluster
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class ClusterManager:
         except state.CorruptState:
             if not forget:
                 raise
-            return run_sync(forget(name))
+            return run_sync(clusters.forget(name))
         if data is None:
             known = ", ".join(self.names()) or "none"
             raise NoSuchCluster(f"No cluster named {name!r} to stop (running: {known}).")
@@ -203,7 +204,7 @@ class ClusterManager:
         try:
             data = state.load_state(name) if state.NAME_RE.match(name) else None
         except state.CorruptState:  # nothing to read: stop what its folder names, forget it
-            await forget(name)
+            await clusters.forget(name)
             return
         if data is not None:
             cluster = self._clusters.get(name)

@@ -197,6 +197,29 @@ async def test_a_name_no_cluster_can_have_is_404(jp_fetch):
             "The option 'engines_per_node' must be a whole number, not '8'.",
         ),
         ({"n": 2, "timeout": -1}, "The timeout must be a number of seconds above 0, not -1."),
+        (
+            {"n": 2, "timeout": float("inf")},  # JSON's Infinity, which Python's json reads
+            "The timeout must be a number of seconds above 0 and at most 604800, not inf.",
+        ),
+        (
+            {"n": 10**9},
+            "The number of engines is 1000000000, above the limit of 4096; ask for fewer, or "
+            "raise c.Lounge.max_engines in your config.",
+        ),
+        (
+            {"n": 8, "nodes": 9},
+            "9 nodes for 8 engines would leave nodes empty: ask for at most 8 nodes.",
+        ),
+        (
+            {"n": 2, "backend": "slurm", "partition": "gpu\n#SBATCH --uid=0"},
+            "The Slurm option partition 'gpu\\n#SBATCH --uid=0' holds a control character (a "
+            "newline, a tab, ...): give it on one line, without them.",
+        ),
+        (
+            {"n": 2, "name": "web\n"},
+            "Cluster name 'web\\n' is not valid: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit.",
+        ),
     ],
 )
 async def test_a_bad_start_is_400_with_one_sentence(jp_fetch, body, message):
@@ -231,6 +254,11 @@ async def test_start_scale_stop_a_real_cluster(jp_fetch, lounge_dir, kind):
         ({"n": 0}, "The number of engines must be a whole number above 0, not 0."),
         ({}, 'Say how many engines, e.g. {"n": 6}.'),
         ({"n": 3, "pool": "gpu"}, "Unknown option 'pool': a scale request takes only n."),
+        (
+            {"n": 10**9},  # answered at once: no loop over a billion ranks
+            "The number of engines is 1000000000, above the limit of 4096; ask for fewer, or "
+            "raise c.Lounge.max_engines in your config.",
+        ),
     ]:
         assert await call(jp_fetch, "PATCH", "clusters", "web", body=bad) == (
             400,

@@ -14,8 +14,11 @@ def _jupyter_server_extension_points() -> list[dict]:
 
 
 def _load_jupyter_server_extension(serverapp) -> None:
+    from ..config import use_server_config
     from ..manager import ClusterManager
     from .handlers import MANAGER, routes
+
+    use_server_config(serverapp.config)  # c.Lounge.max_engines in jupyter_server_config.py
 
     web_app = serverapp.web_app
     base_url = web_app.settings["base_url"]
