@@ -291,7 +291,10 @@ def launch(local_dir: str, fp: str) -> None:
                 f"the synced environment {env} is not on this node (any more): run lounge sync"
             )
         check_private_dir(path, what)
-    fd = os.open(os.path.join(env, MARKER), os.O_RDONLY | os.O_NOFOLLOW)
+    marker = os.path.join(env, MARKER)
+    if not os.path.isfile(marker):  # a sync under way, or one that did not finish
+        raise UntrustedPath(f"the synced environment {env} is not complete: run lounge sync")
+    fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW)
     fcntl.flock(fd, fcntl.LOCK_SH)  # held by the agent and its engines: sync keeps this env
     os.set_inheritable(fd, True)
     python = os.path.join(env, "bin", "python")

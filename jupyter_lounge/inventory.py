@@ -123,11 +123,20 @@ def load(path: str | Path | None = None) -> Inventory:
     path = Path(os.path.expanduser(str(path))) if path else default_path()
     try:
         text = path.read_text()
+        st = path.stat()
     except FileNotFoundError:
         raise LoungeError(
             f"No lounge inventory at {path}: create it (see the README's inventory example) "
             "or name another with --inventory."
         ) from None
+    # It says which machines get our keys and what runs there (an idle probe command):
+    # only we, or root for a lounge-wide one, may change it.
+    if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+        raise LoungeError(
+            f"The lounge inventory {path} can be changed by someone other than you or root "
+            f"(owner uid {st.st_uid}, mode {st.st_mode & 0o777:04o}): make it yours and run "
+            f"`chmod go-w {path}`."
+        )
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -17,8 +17,8 @@ import threading
 import time
 
 from . import state
+from .cluster import controller_alive
 from .errors import LoungeError
-from .procs import alive
 
 log = logging.getLogger(__name__)
 THIS_MACHINE = "this machine"
@@ -205,7 +205,7 @@ def engines_by_node(states: list[dict]) -> dict[str, int]:
     clusters' on this machine, ssh clusters' on their lounge node."""
     counts: dict[str, int] = {}
     for data in states:
-        if data["backend"] not in ("local", "ssh") or not alive(data.get("controller_pid")):
+        if data["backend"] not in ("local", "ssh") or not controller_alive(data):
             continue
         for agent in data.get("agents") or []:
             report = state.read_json(agent["files"]["report"]) or {}
@@ -233,9 +233,10 @@ def _cluster_pids() -> list[int]:
     """Controllers and agents (or relays) of every cluster this machine runs: their process
     trees are our engines, not a person's load."""
     from . import state
+    from .procs import ours
 
     pids = []
     for d in state.list_states():
-        pids.append(d.get("controller_pid"))
-        pids += [a.get("pid") for a in d.get("agents", [])]
-    return [p for p in pids if isinstance(p, int)]
+        pids.append((d.get("controller_pid"), d.get("controller_start")))
+        pids += [(a.get("pid"), a.get("start")) for a in d.get("agents", [])]
+    return [pid for pid, start in pids if isinstance(pid, int) and ours(pid, start)]

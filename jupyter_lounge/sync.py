@@ -113,29 +113,43 @@ class _Hashing:
         return data
 
 
+class TarSender:
+    """A tar stream to ``out`` whose members also go into ``tree`` (see envstore.TreeHash),
+    in the order and shape the node hashes them as it unpacks."""
+
+    def __init__(self, out, tree: TreeHash):
+        self.tar = tarfile.open(fileobj=out, mode="w|", bufsize=1 << 20)
+        self.tree = tree
+
+    def add(self, path: Path, arcname: str) -> None:
+        info = self.tar.gettarinfo(str(path), arcname)
+        if info.isreg():
+            self.tree.member("f", info.name, str(info.size))
+            with open(path, "rb") as f:
+                self.tar.addfile(info, _Hashing(f, self.tree))
+        elif info.isdir():
+            self.tree.member("d", info.name, "")
+            self.tar.addfile(info)
+        elif info.issym():
+            self.tree.member("l", info.name, info.linkname)
+            self.tar.addfile(info)
+
+    def __enter__(self) -> TarSender:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.tar.close()
+
+
 def write_tar(out, tree: TreeHash | None = None) -> int:
     """Write this environment as a tar stream to ``out``; return the bytes of file data. Every
-    member also goes into ``tree`` (see envstore.TreeHash), as the node will hash it."""
+    member also goes into ``tree``, as the node will hash it."""
     prefix, site = Path(sys.prefix), Path(sysconfig.get_paths()["purelib"])
     source = _source_dir()
     skip = _editable_hooks(site, source)
     inside = prefix in source.parents
     tree = tree or TreeHash()
-    with tarfile.open(fileobj=out, mode="w|", bufsize=1 << 20) as tar:
-
-        def add(path: Path, arcname: str) -> None:
-            info = tar.gettarinfo(str(path), arcname)
-            if info.isreg():
-                tree.member("f", info.name, str(info.size))
-                with open(path, "rb") as f:
-                    tar.addfile(info, _Hashing(f, tree))
-            elif info.isdir():
-                tree.member("d", info.name, "")
-                tar.addfile(info)
-            elif info.issym():
-                tree.member("l", info.name, info.linkname)
-                tar.addfile(info)
-
+    with TarSender(out, tree) as tar:
         for root, dirs, files in os.walk(prefix):
             dirs.sort()
             here = Path(root)
@@ -145,14 +159,14 @@ def write_tar(out, tree: TreeHash | None = None) -> int:
                     continue
                 if name in dirs and path.is_symlink():
                     dirs.remove(name)  # a symlinked folder travels as the link
-                add(path, str(path.relative_to(prefix)))
+                tar.add(path, str(path.relative_to(prefix)))
         if not inside:  # an editable install: its source goes in as a plain package
             arc = site.relative_to(prefix) / "jupyter_lounge"
-            add(source, str(arc))
+            tar.add(source, str(arc))
             for path in sorted(source.rglob("*")):
                 if "__pycache__" in path.parts:
                     continue
-                add(path, str(arc / path.relative_to(source)))
+                tar.add(path, str(arc / path.relative_to(source)))
     return tree.bytes
 
 
@@ -285,11 +299,13 @@ def launch_command(node, fp: str) -> str:
     return shlex.join(envstore.command(base_python(), "launch", node.local_dir, fp))
 
 
-def _ship(backend, nodes, fp: str) -> dict[str, tuple[str, int]]:
+def _ship(backend, nodes, fp: str, write=write_tar, keep: int = KEEP) -> dict[str, tuple[str, int]]:
+    """Send what ``write(out, tree)`` writes to every node at once, as environment ``fp``;
+    node -> (status, MiB)."""
     procs = {}
     for node in nodes:
         procs[node.name] = subprocess.Popen(
-            _node_command(backend, node, "receive", node.local_dir, fp, str(KEEP)),
+            _node_command(backend, node, "receive", node.local_dir, fp, str(keep)),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -298,7 +314,7 @@ def _ship(backend, nodes, fp: str) -> dict[str, tuple[str, int]]:
     tree, error = envstore.TreeHash(), ""
     try:
         fan.send(envstore.program())
-        write_tar(fan, tree)
+        write(fan, tree)
         trailer = {"tree": tree.hexdigest(), "files": tree.files, "bytes": tree.bytes}
         fan.send(envstore.frame(b"E", json.dumps(trailer).encode()))
     except LoungeError as e:

@@ -430,6 +430,19 @@ def test_a_lounge_folder_someone_else_made_is_refused(tmp_path, monkeypatch):
         Lounge(1, progress=False).start_sync()
 
 
+def test_an_inventory_others_can_change_is_refused(tmp_path):
+    """It names the machines that get our keys and the idle probe they run."""
+    inv = tmp_path / "lounge.toml"
+    inv.write_text('[[node]]\nname = "pc1"\nhost = "10.77.0.11"\n')
+    inv.chmod(0o666)
+    with pytest.raises(LoungeError, match=f"run `chmod go-w {inv}`"):
+        Lounge(1, backend="ssh", inventory=str(inv))
+    inv.chmod(0o644)
+    os.chown(inv, 65534, 65534)
+    with pytest.raises(LoungeError, match="owner uid 65534"):
+        Lounge(1, backend="ssh", inventory=str(inv))
+
+
 def test_a_symlinked_cluster_folder_is_refused_and_not_followed(lounge_dir, tmp_path):
     target = tmp_path / "theirs"
     target.mkdir()

@@ -19,7 +19,7 @@ export interface IClusterModel {
   /** Engine kind: `ipyparallel` or `dask`. */
   engines: string;
   backend: string;
-  /** `starting`, `running`, `stopping`, `dead` or `failed`. */
+  /** `starting`, `running`, `stopping`, `dead`, `failed` or `corrupt` (unreadable state). */
   status: string;
   n: number;
   ready: number;
@@ -243,13 +243,14 @@ export interface IClusterView {
   /** The status, or Slurm's pending reason while it waits in the queue. */
   status: string;
   tone: Tone;
-  /** Why a start failed, shown under the row; empty otherwise. */
+  /** Why a start failed, or why the state cannot be read, shown under the row. */
   detail: string;
   age: string;
   canScale: boolean;
   canStop: boolean;
   canInsert: boolean;
-  /** `Stop`, or `Remove` for a failed start (nothing is left to stop). */
+  /** `Stop`; `Remove` for a failed start (nothing is left to stop); `Forget` for a
+   * cluster whose state file cannot be read. */
   stopLabel: string;
 }
 
@@ -276,7 +277,11 @@ export function describeCluster(
     tone = 'busy';
   } else if (cluster.status === 'running') {
     tone = cluster.ready < cluster.target ? 'busy' : 'ok';
-  } else if (cluster.status === 'failed' || cluster.status === 'dead') {
+  } else if (
+    cluster.status === 'failed' ||
+    cluster.status === 'dead' ||
+    cluster.status === 'corrupt'
+  ) {
     tone = 'error';
   } else {
     tone = 'warn';
@@ -293,18 +298,19 @@ export function describeCluster(
   }
   const live = cluster.status === 'running' || cluster.status === 'starting';
   const failed = cluster.status === 'failed';
+  const corrupt = cluster.status === 'corrupt';
   return {
     name: cluster.name,
     summary: parts.filter(Boolean).join(' · '),
     ready: formatReady(cluster.ready, cluster.target),
     status,
     tone,
-    detail: failed && cluster.error ? cluster.error : '',
+    detail: (failed || corrupt) && cluster.error ? cluster.error : '',
     age: formatAge(cluster.age_s),
     canScale: live && !busy,
     canStop: busy === undefined && cluster.status !== 'stopping',
     canInsert: live && busy !== 'stopping',
-    stopLabel: failed ? 'Remove' : 'Stop'
+    stopLabel: failed ? 'Remove' : corrupt ? 'Forget' : 'Stop'
   };
 }
 

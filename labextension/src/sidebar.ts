@@ -19,6 +19,7 @@ import { loungeIcon } from './icons';
 import {
   buildScaleRequest,
   buildStartRequest,
+  describeCluster,
   IClusterView,
   INodeView,
   LoungeState
@@ -143,22 +144,24 @@ export class LoungeSidebar extends Widget {
     );
   }
 
-  /** Confirm, then stop a cluster (or remove a failed start). */
+  /** Confirm, then stop a cluster (or remove a failed start, or forget a corrupt one). */
   async stop(name: string): Promise<void> {
     const cluster = this.state.cluster(name);
     if (!cluster) {
       return;
     }
-    const failed = cluster.status === 'failed';
-    const result = await showDialog({
-      title: failed ? `Remove ${name}?` : `Stop ${name}?`,
-      body: failed
+    const view = describeCluster(cluster);
+    const body =
+      cluster.status === 'failed'
         ? `The start of ${name} failed; remove it from the list.`
-        : `Its engines, node agents and controller stop; work running on them is lost.`,
-      buttons: [
-        Dialog.cancelButton(),
-        Dialog.warnButton({ label: failed ? 'Remove' : 'Stop' })
-      ]
+        : cluster.status === 'corrupt'
+          ? `The state file of ${name} cannot be read: every process and Slurm job its ` +
+            'folder names is stopped, and its record removed.'
+          : `Its engines, node agents and controller stop; work running on them is lost.`;
+    const result = await showDialog({
+      title: `${view.stopLabel} ${name}?`,
+      body,
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: view.stopLabel })]
     });
     if (!result.button.accept) {
       return;

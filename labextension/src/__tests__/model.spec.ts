@@ -219,6 +219,24 @@ describe('cluster rows', () => {
     });
   });
 
+  it('says a state file cannot be read, and offers to forget it', () => {
+    const error =
+      "The state file of cluster 'x' (/r/lounge/x.json) cannot be used (JSONDecodeError: " +
+      'Expecting value): remove it with `lounge stop x --forget`.';
+    const view = describeCluster(
+      cluster({ status: 'corrupt', error, engines: '', backend: '', connect_code: '' })
+    );
+    expect(view).toMatchObject({
+      status: 'corrupt',
+      tone: 'error',
+      detail: error,
+      canScale: false,
+      canInsert: false,
+      canStop: true,
+      stopLabel: 'Forget'
+    });
+  });
+
   it('locks the buttons of a cluster being stopped', () => {
     const view = describeCluster(cluster(), 'stopping');
     expect(view).toMatchObject({
