@@ -90,31 +90,35 @@ def frame(kind: bytes, payload: bytes) -> bytes:
 
 
 class _FrameReader:
-    """A file-like reader of the tar frames on stdin; stops at the trailer and keeps it."""
+    """A file-like reader of the tar frames on stdin; stops at the trailer and keeps it.
+    (tarfile reads 10 KiB at a time: the buffer moves a position, it is not re-sliced.)"""
 
     def __init__(self, fd: int = 0) -> None:
-        self.fd, self.buf, self.trailer = fd, b"", None
+        self.fd, self.buf, self.pos, self.trailer = fd, bytearray(), 0, None
 
-    def _exactly(self, n: int) -> bytes:
-        out = b""
+    def _exactly(self, n: int) -> bytearray:
+        out = bytearray()
         while len(out) < n:
-            chunk = os.read(self.fd, n - len(out))
+            chunk = os.read(self.fd, min(n - len(out), 1 << 20))
             if not chunk:
                 raise EOFError("the stream ended early (the sync was interrupted)")
             out += chunk
         return out
 
     def read(self, n: int = -1) -> bytes:
-        while self.trailer is None and (n < 0 or len(self.buf) < n):
+        while self.trailer is None and (n < 0 or len(self.buf) - self.pos < n):
+            del self.buf[: self.pos]  # once per frame: what was read goes
+            self.pos = 0
             kind, size = self._exactly(1), struct.unpack(">I", self._exactly(4))[0]
             payload = self._exactly(size)
             if kind == b"E":
-                self.trailer = json.loads(payload)
+                self.trailer = json.loads(bytes(payload))
             else:
                 self.buf += payload
-        if n < 0:
-            n = len(self.buf)
-        out, self.buf = self.buf[:n], self.buf[n:]
+        left = len(self.buf) - self.pos
+        n = left if n < 0 or n > left else n
+        out = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n
         return out
 
 
@@ -166,15 +170,18 @@ def _safe_name(name: str) -> str:
 def _unpack(reader: _FrameReader, into: str) -> TreeHash:
     import tarfile
 
-    tree = TreeHash()
+    tree, made = TreeHash(), {into}
     with tarfile.open(fileobj=reader, mode="r|") as tar:
         for m in tar:
             name = _safe_name(m.name)
             dest = os.path.join(into, name)
-            os.makedirs(os.path.dirname(dest), 0o755, exist_ok=True)
+            if os.path.dirname(dest) not in made:  # a member whose folder came first is usual
+                os.makedirs(os.path.dirname(dest), 0o755, exist_ok=True)
+                made.add(os.path.dirname(dest))
             if m.isdir():
                 tree.member("d", name, "")
                 os.makedirs(dest, 0o755, exist_ok=True)
+                made.add(dest)
             elif m.issym():
                 tree.member("l", name, m.linkname)
                 os.symlink(m.linkname, dest)

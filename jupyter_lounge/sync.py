@@ -118,7 +118,8 @@ class TarSender:
     in the order and shape the node hashes them as it unpacks."""
 
     def __init__(self, out, tree: TreeHash):
-        self.tar = tarfile.open(fileobj=out, mode="w|", bufsize=1 << 20)
+        # tarfile's stream re-copies its whole buffer on each write: keep it small
+        self.tar = tarfile.open(fileobj=out, mode="w|", bufsize=1 << 16)
         self.tree = tree
 
     def add(self, path: Path, arcname: str) -> None:
