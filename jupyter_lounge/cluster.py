@@ -644,50 +644,6 @@ class Cluster:
         run_sync(self.wait_for_engines(n, timeout))
 
 
-async def forget(name: str) -> list[str]:
-    """Remove a cluster whose state file cannot be read, and stop what is left of it without
-    knowing its pids: every process of ours whose command line names the cluster's folder
-    (controller, agents, relays, keeper) and every Slurm job of ours whose script lies there.
-    Returns what was stopped, one line each."""
-    import shutil
-
-    import psutil
-
-    from .procs import call
-
-    folder = str(state.lounge_dir() / state.check_name(name))
-    stopped = []
-    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
-        try:
-            if proc.info["uids"].real != os.getuid() or proc.pid == os.getpid():
-                continue
-            args = proc.info["cmdline"] or []
-            if any(a == folder or folder + "/" in a for a in args):
-                pgid = os.getpgid(proc.pid)
-                stopped.append(f"process {proc.pid}: {' '.join(args)[:100]}")
-                if pgid == proc.pid:  # a leader: its group too (ipyparallel's schedulers)
-                    await kill_group(proc.pid, started(proc.pid), grace=3.0)
-                else:
-                    proc.kill()
-        except (psutil.Error, ProcessLookupError, OSError):
-            continue
-    if shutil.which("squeue"):
-        try:
-            out = await call(["squeue", "--me", "-h", "-o", "%i|%o"], timeout=30)
-        except LoungeError:
-            out = ""
-        jobs = [
-            line.split("|")[0]
-            for line in out.splitlines()
-            if line.partition("|")[2].startswith(folder + "/")
-        ]
-        if jobs:
-            await call(["scancel", *jobs], timeout=30)
-            stopped += [f"Slurm job {job}" for job in jobs]
-    state.remove_state(name)
-    return stopped
-
-
 def _best_effort(write, *args) -> None:
     """A write that stopping must not depend on (a full disk, a folder already gone)."""
     try:

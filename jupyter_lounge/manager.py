@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 import time
 
-from . import cluster as clusters
 from . import commands, state
 from ._loop import run_sync
 from .cluster import Cluster, controller_alive, ensure_name_free, in_use, name_in_use
 from .errors import LoungeError, NoSuchCluster
+from .procs import call, kill_group, started
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ class ClusterManager:
         except state.CorruptState:
             if not forget:
                 raise
-            return run_sync(clusters.forget(name))
+            return run_sync(forget(name))
         if data is None:
             known = ", ".join(self.names()) or "none"
             raise NoSuchCluster(f"No cluster named {name!r} to stop (running: {known}).")
@@ -204,7 +206,7 @@ class ClusterManager:
         try:
             data = state.load_state(name) if state.NAME_RE.match(name) else None
         except state.CorruptState:  # nothing to read: stop what its folder names, forget it
-            await clusters.forget(name)
+            await forget(name)
             return
         if data is not None:
             cluster = self._clusters.get(name)
@@ -336,6 +338,46 @@ class ClusterManager:
         while f"lounge-{i}" in taken:
             i += 1
         return f"lounge-{i}"
+
+
+async def forget(name: str) -> list[str]:
+    """Remove a cluster whose state file cannot be read, and stop what is left of it without
+    knowing its pids: every process of ours whose command line names the cluster's folder
+    (controller, agents, relays, keeper) and every Slurm job of ours whose script lies there.
+    Returns what was stopped, one line each."""
+    import psutil
+
+    folder = str(state.lounge_dir() / state.check_name(name))
+    stopped = []
+    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
+        try:
+            if proc.info["uids"].real != os.getuid() or proc.pid == os.getpid():
+                continue
+            args = proc.info["cmdline"] or []
+            if any(a == folder or folder + "/" in a for a in args):
+                pgid = os.getpgid(proc.pid)
+                stopped.append(f"process {proc.pid}: {' '.join(args)[:100]}")
+                if pgid == proc.pid:  # a leader: its group too (ipyparallel's schedulers)
+                    await kill_group(proc.pid, started(proc.pid), grace=3.0)
+                else:
+                    proc.kill()
+        except (psutil.Error, ProcessLookupError, OSError):
+            continue
+    if shutil.which("squeue"):
+        try:
+            out = await call(["squeue", "--me", "-h", "-o", "%i|%o"], timeout=30)
+        except LoungeError:
+            out = ""
+        jobs = [
+            line.split("|")[0]
+            for line in out.splitlines()
+            if line.partition("|")[2].startswith(folder + "/")
+        ]
+        if jobs:
+            await call(["scancel", *jobs], timeout=30)
+            stopped += [f"Slurm job {job}" for job in jobs]
+    state.remove_state(name)
+    return stopped
 
 
 def _observe(clusters: dict[str, Cluster], stale: list[Cluster]) -> dict[str, tuple]:
