@@ -349,7 +349,9 @@ class NodeAgent:
             if time.monotonic() > deadline:
                 self.fail(f"timed out waiting for the controller's connection file {path}")
             self._take_messages(0.05)
-        self.probe_addr = self.kind.probe_address(read_json(path))
+        connection = read_json(path)
+        self.probe_addr = self.kind.probe_address(connection)
+        self.kind.prepare(connection, self.spec.get("engine_options", {}))
 
     # -- engines -----------------------------------------------------------------------------
     def fork_engine(self, rank: int) -> None:

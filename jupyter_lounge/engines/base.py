@@ -37,6 +37,10 @@ class EngineKind:
         """Host and TCP port the agent probes to notice that its controller is gone."""
         raise NotImplementedError
 
+    def prepare(self, connection: dict, options: dict) -> None:
+        """Once the controller is known, before the first fork: what every engine would
+        otherwise make for itself (no thread, no ZMQ context)."""
+
     def run_engine(
         self, connection_file: str, *, rank: int, node: str, restarts: int, options: dict
     ) -> None:
