@@ -102,7 +102,7 @@ class ClusterManager:
         except state.CorruptState:
             if not forget:
                 raise
-            return run_sync(forget(name))
+            return run_sync(forget_unreadable(name))
         if data is None:
             known = ", ".join(self.names()) or "none"
             raise NoSuchCluster(f"No cluster named {name!r} to stop (running: {known}).")
@@ -206,7 +206,7 @@ class ClusterManager:
         try:
             data = state.load_state(name) if state.NAME_RE.match(name) else None
         except state.CorruptState:  # nothing to read: stop what its folder names, forget it
-            await forget(name)
+            await forget_unreadable(name)
             return
         if data is not None:
             cluster = self._clusters.get(name)
@@ -340,7 +340,7 @@ class ClusterManager:
         return f"lounge-{i}"
 
 
-async def forget(name: str) -> list[str]:
+async def forget_unreadable(name: str) -> list[str]:
     """Remove a cluster whose state file cannot be read, and stop what is left of it without
     knowing its pids: every process of ours whose command line names the cluster's folder
     (controller, agents, relays, keeper) and every Slurm job of ours whose script lies there.

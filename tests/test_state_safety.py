@@ -102,9 +102,10 @@ def test_two_starts_of_one_name_one_wins(lounge_dir):
     try:
         assert codes == [0, 2], outs
         loser = next(err for p, (_, err) in zip(procs, outs) if p.returncode == 2)
-        assert "A cluster named 'twin' is already in use" in loser
-        assert [d["name"] for d in state.list_states()] == ["twin"]
-        assert len(processes_under(str(lounge_dir / "twin" / "profile"))) >= 1  # one controller
+        assert "A cluster named 'twin' is already in use" in loser, outs
+        assert [d["name"] for d in state.list_states()] == ["twin"], outs
+        controllers = processes_under(str(lounge_dir / "twin" / "profile"))
+        assert controllers, outs  # the winner's
     finally:
         assert lounge("stop", "twin").returncode == 0
 
