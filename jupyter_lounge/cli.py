@@ -31,6 +31,10 @@ def run(argv: list[str]) -> int:
             raise LoungeError("Say which cluster to scale: `lounge scale N --name NAME`.")
         manager.scale(args.name, args.n)
         print(f"Scaled {args.name} to {args.n} engines.")
+    elif args.command == "interrupt":
+        if not args.name:
+            raise LoungeError("Say which cluster to interrupt: `lounge interrupt NAME`.")
+        print(manager.interrupt(args.name))
     elif args.command == "status":
         names = [args.name] if args.name else manager.names()
         if not names:

@@ -11,6 +11,7 @@ import asyncio
 import atexit
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -438,6 +439,7 @@ class Cluster:
         """Per node agent: its node, status, engines ready and wanted."""
         ranks = {rank for _, rank in self.registered()}  # ranks are unique in a cluster
         rows = []
+        self.absorb_retired()
         for a in self.agents:
             report = state.read_json(a["files"]["report"]) or {}
             node = self._node_label(a, report)
@@ -470,6 +472,22 @@ class Cluster:
                 }
             )
         return rows
+
+    def absorb_retired(self) -> None:
+        """Lower the target by every engine shut down on purpose (``rc.shutdown``, ``%px
+        exit``): its agent reports it "retired" and does not replace it."""
+        if self.status != "running":
+            return
+        retired = 0
+        for a in self.agents:
+            engines = (state.read_json(a["files"]["report"]) or {}).get("engines", {})
+            gone = [r for r in a["ranks"] if engines.get(str(r), {}).get("state") == "retired"]
+            for rank in gone:
+                a["ranks"].remove(rank)
+            retired += len(gone)
+        if retired:
+            self.n -= retired
+            _best_effort(self.save)
 
     def engines(self) -> list[dict]:
         """Per engine, as its node agent reports it: rank, node, pid, state, restarts, and
@@ -514,6 +532,7 @@ class Cluster:
         n = validate.count(n, "The number of engines", settings().max_engines)
         if self.status != "running":
             raise LoungeError(f"Cluster {self.name!r} is {self.status}, not running.")
+        self.absorb_retired()
         self.n = n
         have = sorted((r, i) for i, a in enumerate(self.agents) for r in a["ranks"])
         for rank, i in have[n:]:
@@ -532,6 +551,23 @@ class Cluster:
         await self._release_empty()
         self.save()
         self._show_progress()
+
+    async def interrupt(self) -> str:
+        """Interrupt the running work on every engine; the cluster keeps running. Returns
+        one sentence saying what was done."""
+        if self.status != "running":
+            raise LoungeError(f"Cluster {self.name!r} is {self.status}, not running.")
+        self.absorb_retired()
+        token = uuid.uuid4().hex  # each interrupt is new to every agent, whatever came before
+        for a in self.agents:
+            control = {"ranks": a["ranks"], "size": self.n, "interrupt": token}
+            state.write_json(a["files"]["control"], control)
+            await self.backend.nudge(a)
+        running = sum(1 for e in self.engines() if e["state"] == "running")
+        return (
+            f"Interrupted {running} engine{'s' if running != 1 else ''} of {self.name!r}: "
+            f"{self.kind.interrupt_note}."
+        )
 
     async def _release_empty(self) -> None:
         """Release every allocation whose agents have no engine left to run."""
@@ -636,6 +672,9 @@ class Cluster:
 
     def scale_sync(self, n: int) -> None:
         run_sync(self.scale(n))
+
+    def interrupt_sync(self) -> str:
+        return run_sync(self.interrupt())
 
     def stop_sync(self, forget: bool = False) -> None:
         run_sync(self.stop(forget=forget))

@@ -19,6 +19,7 @@ USAGE = """\
                [--gpus-per-node G] [--sbatch=--constraint=a100 ...]
 %lounge scale N [--name NAME]     %lounge status [NAME]     %lounge list
 %lounge stop [NAME] [--forget]    %lounge attach NAME
+%lounge interrupt [NAME]          (stop the running work on every engine; the cluster stays)
 %lounge start N --backend ssh [--pool P] [--inventory lounge.toml] [--strict] [--sync]
 %lounge nodes [--pool P] [--live] [--json] [--inventory lounge.toml]   (the lounge's PCs)
 %lounge sync [--pool P] [--inventory lounge.toml] [--force]   (ship this env to them once)
@@ -113,6 +114,7 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     scale.add_argument("n", type=positive_int)
     scale.add_argument("--name")
     sub.add_parser("status", add_help=False).add_argument("name", nargs="?")
+    sub.add_parser("interrupt", add_help=False).add_argument("name", nargs="?")
     stop = sub.add_parser("stop", add_help=False)
     stop.add_argument("name", nargs="?")
     stop.add_argument("--forget", action="store_true")

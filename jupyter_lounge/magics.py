@@ -41,6 +41,8 @@ class LoungeMagics(Magics):
             return Cluster(args.n, **commands.start_options(args)).start_sync()
         elif args.command == "scale":
             _cluster(args.name).scale_sync(args.n)
+        elif args.command == "interrupt":
+            print(_cluster(args.name).interrupt_sync())
         elif args.command == "status":
             print(commands.format_status(manager.status(args.name or current().name)))
         elif args.command == "list":

@@ -112,6 +112,9 @@ class ClusterManager:
     def scale(self, name: str, n: int) -> None:
         run_sync(self.get(name).scale(n))
 
+    def interrupt(self, name: str) -> str:
+        return run_sync(self.get(name).interrupt())
+
     # -- async: the Jupyter server -------------------------------------------------------------
     async def summaries(self) -> list[dict]:
         """Every cluster: those in the state files (any process's), starts in progress here,
@@ -194,6 +197,12 @@ class ClusterManager:
         finally:
             self._busy.discard(name)
         return await self.summary(name)
+
+    async def interrupt_work(self, name: str) -> str:
+        """Interrupt the running work on every engine of a running cluster (REST)."""
+        cluster = self._live(name)
+        cluster.reload()
+        return await cluster.interrupt()
 
     async def remove(self, name: str) -> None:
         """Stop the cluster and return when nothing of it is left (or forget a failed

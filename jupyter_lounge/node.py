@@ -31,7 +31,8 @@ POLL_S = 0.2
 PROBE_EVERY_S = 2.0
 PROBE_MISSES = 3
 STOP_GRACE_S = 5.0
-MAX_RESTARTS = 5
+MAX_RESTARTS = 5  # crashes of one rank before it is left down
+SERVICE_WAIT_S = 30.0
 
 
 def gpu_for(local_index: int, gpus: list[str], engines_per_gpu: int) -> str | None:
@@ -216,6 +217,9 @@ class NodeAgent:
         self.children: dict[int, int] = {}  # pid -> rank
         self.engines: dict[str, dict] = {}  # str(rank) -> {pid, state, restarts, index}
         self.wanted: list[int] = list(s["ranks"])
+        self.retired: set[int] = set()  # ranks whose engine was shut down on purpose
+        self.service_pid: int | None = None  # the engine kind's per-node service (nanny)
+        self._interrupt = None  # the last interrupt token of the control file
         self.stopping = False
         self.status = "starting"
         self.error: str | None = None
@@ -349,11 +353,63 @@ class NodeAgent:
             if time.monotonic() > deadline:
                 self.fail(f"timed out waiting for the controller's connection file {path}")
             self._take_messages(0.05)
-        connection = read_json(path)
-        self.probe_addr = self.kind.probe_address(connection)
-        self.kind.prepare(connection, self.spec.get("engine_options", {}))
+        self.connection = read_json(path)
+        self.probe_addr = self.kind.probe_address(self.connection)
+        self.kind.prepare(self.connection, self.spec.get("engine_options", {}))
+
+    def start_service(self) -> None:
+        """Fork the engine kind's per-node service (ipyparallel's nanny) and wait for the
+        line that tells the engines where it is."""
+        if not self.kind.has_node_service:
+            return
+        options = self.spec.get("engine_options", {})
+        read_fd, write_fd = os.pipe()
+        pid = self._fork_child(lambda: self.kind.serve_node(self.connection, options, write_fd))
+        os.close(write_fd)
+        line, deadline = b"", time.monotonic() + SERVICE_WAIT_S
+        while not line.endswith(b"\n") and time.monotonic() < deadline:
+            if select.select([read_fd], [], [], 0.1)[0]:
+                chunk = os.read(read_fd, 4096)
+                if not chunk:
+                    break
+                line += chunk
+        os.close(read_fd)
+        self.service_pid = pid
+        if not line.endswith(b"\n"):
+            self.fail(
+                f"the {self.kind.name} nanny on node {self.node!r} did not start within "
+                f"{SERVICE_WAIT_S:g} s (see this agent's log)"
+            )
+        options.update(json.loads(line))
 
     # -- engines -----------------------------------------------------------------------------
+    def _fork_child(self, run) -> int:
+        """Fork a child that runs ``run()`` and exits (0 when it returns)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            return pid
+        code = 1
+        try:
+            _set_parent_death_signal()
+            if os.getppid() != self.agent_pid:
+                os._exit(1)
+            if self.stdio is not None:
+                self.stdio.close_in_child()
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                signal.signal(sig, signal.SIG_DFL)
+            run()
+            code = 0
+        except SystemExit as e:  # an app's exit(n) is its exit code, not a crash
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc(file=sys.__stderr__)  # sys.stderr may be the engine's iopub
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
     def fork_engine(self, rank: int) -> None:
         problem = fork_safety_problem(thorough=not self.children)
         if problem:
@@ -361,47 +417,33 @@ class NodeAgent:
                 f"cannot fork engines on node {self.node!r}: {problem} before the fork "
                 "(a preload module started it); remove that module from --preload"
             )
-        entry = self.engines.setdefault(str(rank), {"restarts": -1, "index": self._next_index})
+        entry = self.engines.setdefault(
+            str(rank), {"restarts": -1, "crashes": 0, "index": self._next_index}
+        )
         if entry["index"] == self._next_index:
             self._next_index += 1
         entry["restarts"] += 1
         gpu = gpu_for(entry["index"], self.gpus, self.spec.get("engines_per_gpu", 1))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the engine
-            code = 1
-            try:
-                _set_parent_death_signal()
-                if os.getppid() != self.agent_pid:
-                    os._exit(1)
-                if self.stdio is not None:
-                    self.stdio.close_in_child()
-                for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-                    signal.signal(sig, signal.SIG_DFL)
-                os.environ.update(
-                    LOUNGE_RANK=str(rank),
-                    LOUNGE_SIZE=str(self.spec["size"]),
-                    LOUNGE_NODE=self.node,
-                    LOUNGE_CLUSTER=self.spec["cluster"],
-                )
-                if gpu is not None:
-                    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-                _reseed(rank)
-                self.kind.run_engine(
-                    self.spec["connection_file"],
-                    rank=rank,
-                    node=self.node,
-                    restarts=entry["restarts"],
-                    options=self.spec.get("engine_options", {}),
-                )
-                code = 0
-            except BaseException:  # noqa: BLE001
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+
+        def engine() -> None:
+            os.environ.update(
+                LOUNGE_RANK=str(rank),
+                LOUNGE_SIZE=str(self.spec["size"]),
+                LOUNGE_NODE=self.node,
+                LOUNGE_CLUSTER=self.spec["cluster"],
+            )
+            if gpu is not None:
+                os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+            _reseed(rank)
+            self.kind.run_engine(
+                self.spec["connection_file"],
+                rank=rank,
+                node=self.node,
+                restarts=entry["restarts"],
+                options=self.spec.get("engine_options", {}),
+            )
+
+        pid = self._fork_child(engine)
         self.children[pid] = rank
         entry.update(pid=pid, state="running", started=time.time())
 
@@ -414,22 +456,59 @@ class NodeAgent:
                 break
             if pid == 0:
                 break
+            if pid == self.service_pid:
+                self._service_exited(status)
+                changed = True
+                continue
             rank = self.children.pop(pid, None)
             if rank is None:
                 continue
             changed = True
             entry = self.engines[str(rank)]
+            asked = entry.get("state")  # "running" unless this agent asked it to stop
+            entry["exit"] = code = os.waitstatus_to_exitcode(status)
             entry["state"] = "evicted" if self.evicted else "exited"
-            entry["exit"] = os.waitstatus_to_exitcode(status)
-            if (
-                not self.stopping
-                and not self.evicted
-                and rank in self.wanted
-                and self.spec.get("restart", True)
-                and entry["restarts"] < MAX_RESTARTS
-            ):
+            if self.stopping or self.evicted or rank not in self.wanted:
+                continue
+            if asked == "restarting":
                 self.fork_engine(rank)
+            elif code == 0 and asked == "running" and self.kind.clean_exit_retires:
+                entry["state"] = "retired"  # shut down on purpose: not replaced
+                self.wanted.remove(rank)
+                self.retired.add(rank)
+            elif code != 0:
+                entry["crashes"] += 1
+                if self.spec.get("restart", True) and entry["crashes"] <= MAX_RESTARTS:
+                    self.fork_engine(rank)
+            elif self.spec.get("restart", True):
+                self.fork_engine(rank)  # closed by its controller (Dask's restart)
         return changed
+
+    def _service_exited(self, status: int) -> None:
+        """The nanny died: start another and restart the engines it served (their control
+        channels ran through it)."""
+        print(
+            f"node agent {self.node}: the {self.kind.name} nanny exited "
+            f"({os.waitstatus_to_exitcode(status)}); restarting it and the engines",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.service_pid = None
+        if self.stopping:
+            return
+        self.start_service()
+        for pid, rank in list(self.children.items()):
+            self.engines[str(rank)]["state"] = "restarting"
+            os.kill(pid, signal.SIGTERM)
+
+    def interrupt(self) -> None:
+        """Interrupt the running work of every engine (their kind says how)."""
+        sig = getattr(signal, self.kind.interrupt_signal)
+        for pid in list(self.children):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
     def read_control(self) -> bool:
         try:
@@ -444,8 +523,12 @@ class NodeAgent:
         if control.get("stop"):
             self.stopping = True
             return True
+        token = control.get("interrupt")
+        if token is not None and token != self._interrupt:
+            self._interrupt = token
+            self.interrupt()
         if "ranks" in control:
-            self.wanted = list(control["ranks"])
+            self.wanted = [r for r in control["ranks"] if r not in self.retired]
             self.spec["size"] = control.get("size", self.spec["size"])
             running = set(self.children.values())
             for pid, rank in list(self.children.items()):
@@ -465,6 +548,7 @@ class NodeAgent:
             return False
 
     def stop_children(self) -> None:
+        self.stopping = True  # nothing reaped from here on is replaced
         for pid in list(self.children):
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -485,6 +569,13 @@ class NodeAgent:
             except ChildProcessError:
                 break
             self.children.pop(pid, None)
+        if self.service_pid is not None:  # after the engines: it reports their exits
+            pid, self.service_pid = self.service_pid, None
+            try:
+                os.kill(pid, signal.SIGTERM)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
 
     def shutdown(self, reason: str = "stopped") -> None:
         self.status = "stopping"
@@ -557,6 +648,7 @@ class NodeAgent:
         gc.collect()
         gc.freeze()
         self._lap("gc_freeze")
+        self.start_service()
         self._start_watching()
         self.read_control()
         if not self.evicted:

@@ -8,6 +8,7 @@ controlled.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
@@ -19,15 +20,40 @@ def engine_name(node: str, rank: int, suffix: str = "") -> str:
     return f"{node}/{rank}" + (f"/{suffix}" if suffix else "")
 
 
+def engine_ident(node: str, rank: int, nonce: str) -> str:
+    """An ipyparallel engine's identity, made of ``[A-Za-z0-9_-]`` only: ipyparallel turns
+    message ids that contain it into Python names on the engine (broadcast views). Every
+    character of the node name outside ``[A-Za-z0-9]`` is written ``-XX`` (its hex code), so
+    ``_`` separates the parts and the name comes back exactly."""
+    escaped = "".join(c if c.isascii() and c.isalnum() else f"-{ord(c):02x}" for c in node)
+    return f"{escaped}_{rank}_{nonce}"
+
+
 def parse_engine_name(name: str) -> tuple[str, int] | None:
+    """(node, rank) from a name ``engine_name`` or ``engine_ident`` made, else None."""
     parts = str(name).split("/")
     if len(parts) >= 2 and parts[1].isdigit():
         return parts[0], int(parts[1])
+    parts = str(name).split("_")
+    if len(parts) == 3 and parts[1].isdigit():
+        try:
+            node = re.sub(r"-([0-9a-f]{2})", lambda m: chr(int(m.group(1), 16)), parts[0])
+        except ValueError:
+            return None
+        return node, int(parts[1])
     return None
 
 
 class EngineKind:
     name = ""
+    # An engine that ends by itself with exit code 0 (not asked to by its agent): True, it
+    # was shut down on purpose (``rc.shutdown``, ``%px exit``) and its rank is retired; False,
+    # it is replaced like a crashed one but not counted as a crash (a Dask worker the
+    # scheduler closed, as ``Client.restart`` does to workers without a nanny).
+    clean_exit_retires = False
+    # The signal the agent sends each engine to interrupt its running work.
+    interrupt_signal = "SIGINT"
+    interrupt_note = "each engine's running code raised KeyboardInterrupt"
 
     # -- agent side ------------------------------------------------------------------------
     def agent_imports(self) -> None:
@@ -40,6 +66,13 @@ class EngineKind:
     def prepare(self, connection: dict, options: dict) -> None:
         """Once the controller is known, before the first fork: what every engine would
         otherwise make for itself (no thread, no ZMQ context)."""
+
+    def serve_node(self, connection: dict, options: dict, ready_fd: int) -> None:
+        """*agent*, in a child forked before the engines: a per-node service the engines
+        use (ipyparallel's nanny). Writes one JSON line of options for the engines to
+        ``ready_fd``, then serves until killed. Kinds without one leave this alone."""
+
+    has_node_service = False
 
     def run_engine(
         self, connection_file: str, *, rank: int, node: str, restarts: int, options: dict

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,25 @@ ROLE_FILES = {
 }
 #: What a node needs (the relay ships these to nodes without a shared file system).
 NODE_FILES = (CA_FILE, ROLE_FILES["worker"])
+
+
+class Interrupted(Exception):
+    """Raised in a task running on a lounge worker by ``%lounge interrupt``."""
+
+
+def interrupt_tasks(worker: Any) -> int:
+    """Raise Interrupted in every thread that runs a task of ``worker`` now; how many.
+
+    Python delivers it at that thread's next bytecode: a call that stays in C (a sleep, a
+    TensorFlow op) finishes first. Dask has no other way to stop a running task."""
+    import ctypes
+
+    with worker.active_threads_lock:
+        threads = list(worker.active_threads)
+    set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    return sum(
+        set_async(ctypes.c_ulong(tid), ctypes.py_object(Interrupted)) == 1 for tid in threads
+    )
 
 
 def security(tls_dir: Path | str | None, role: str):
@@ -159,6 +179,12 @@ def members_only(base: type, role: str, http_address: str, tls: bool = True) -> 
 
 class DaskEngines(EngineKind):
     name = "dask"
+    interrupt_signal = "SIGUSR1"  # SIGINT would stop the worker's event loop, not its task
+    interrupt_note = (
+        "each task running on a worker raises Interrupted at its next Python line (a call "
+        "in C, such as a sleep or a TensorFlow op, finishes first); queued tasks still run: "
+        "cancel their futures to drop them"
+    )
     controller_name = "Dask scheduler"
     _security = None  # the workers' Security, made by prepare() before the fork
 
@@ -216,6 +242,9 @@ class DaskEngines(EngineKind):
                 local_directory=options.get("local_directory"),
                 validate=False,
             ) as worker:
+                asyncio.get_running_loop().add_signal_handler(
+                    signal.SIGUSR1, interrupt_tasks, worker
+                )
                 await worker.finished()
 
         asyncio.run(serve())

@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LoungeError, LoungeTimeout
-from .base import EngineKind, engine_name, parse_engine_name
+from .base import EngineKind, engine_ident, parse_engine_name
 
 
 class IPyParallelEngines(EngineKind):
     name = "ipyparallel"
     controller_name = "ipyparallel controller"
+    clean_exit_retires = True  # an engine ends with 0 only when asked: rc.shutdown, exit
+    has_node_service = True
 
     def agent_imports(self) -> None:
         # The engine pulls ~300 modules (ipykernel, and debugpy for the kernel's debugger,
@@ -43,15 +45,30 @@ class IPyParallelEngines(EngineKind):
         host = connection["interface"].split("://", 1)[1]
         return host, int(connection["registration"])
 
-    def run_engine(self, connection_file, *, rank, node, restarts, options):
-        from ipyparallel.engine.app import IPEngine
+    def prepare(self, connection: dict, options: dict) -> None:
+        # The node's engines and its nanny share one CurveZMQ key pair, made here (no ZMQ
+        # context needed) and handed to them by the fork: the nanny serves its relays with
+        # it, as a stock nanny serves its engine's relay with that engine's own key.
+        if connection.get("curve_serverkey"):
+            import zmq
 
-        app = IPEngine()
+            options["curve_keys"] = zmq.curve_keypair()
+
+    def serve_node(self, connection: dict, options: dict, ready_fd: int) -> None:
+        from . import ipp_nanny
+
+        ipp_nanny.serve(connection, options.get("curve_keys"), os.getppid(), ready_fd)
+
+    def run_engine(self, connection_file, *, rank, node, restarts, options):
+        app = _lounge_engine_class().instance()  # the singleton: %matplotlib, bind_kernel
         # The identity carries node and rank, so the cluster can count engines per node.
-        app.ident = engine_name(node, rank, uuid.uuid4().hex[:8])
+        app.ident = engine_ident(node, rank, uuid.uuid4().hex[:8])
+        if options.get("curve_keys"):
+            app.curve_publickey, app.curve_secretkey = options["curve_keys"]
+        app.lounge_nanny_url = options.get("nanny_url")
         argv = [
             f"--IPEngine.url_file={connection_file}",
-            "--IPEngine.enable_nanny=False",  # the agent already watches this engine
+            f"--IPEngine.enable_nanny={bool(app.lounge_nanny_url)}",
             "--log-level=WARN",
         ]
         if restarts == 0:
@@ -59,7 +76,14 @@ class IPyParallelEngines(EngineKind):
         if options.get("profile_dir"):
             argv.append(f"--profile-dir={options['profile_dir']}")
         app.initialize(argv)
-        app.start()
+        try:
+            app.start()
+        except Exception:
+            # A shutdown request or `exit` stops the loop under IPEngine.start, which then
+            # raises ("Event loop stopped before Future completed"): that end was asked for.
+            shell = getattr(getattr(app, "kernel", None), "shell", None)
+            if not getattr(shell, "exit_now", False):
+                raise
 
     def controller_command(self, cdir: Path, listen_ip: str, options: dict) -> list[str]:
         hb = int(options.get("heartbeat_ms", 150))
@@ -138,3 +162,19 @@ class IPyParallelEngines(EngineKind):
                 )
             time.sleep(0.05)
         ar.get()  # raise the engines' errors (ipyparallel's CompositeError shows each one)
+
+
+def _lounge_engine_class() -> type:
+    """IPEngine whose nanny is the node's (see ipp_nanny), not a process of its own."""
+    from ipyparallel.engine.app import IPEngine
+
+    from . import ipp_nanny
+
+    class LoungeEngine(IPEngine):
+        lounge_nanny_url: str | None = None
+
+        def start_nanny(self, control_url):
+            serverkey = self.curve_publickey if self.curve_serverkey else None
+            return ipp_nanny.attach(self, self.lounge_nanny_url, serverkey, control_url), None
+
+    return LoungeEngine

@@ -111,6 +111,14 @@ class ClusterHandler(LoungeHandler):
         self.reply(204)
 
 
+class InterruptHandler(LoungeHandler):
+    @web.authenticated
+    @authorized
+    @answers_errors
+    async def post(self, name: str) -> None:
+        self.reply(200, {"message": await self.manager.interrupt_work(name)})
+
+
 class NodesHandler(LoungeHandler):
     @web.authenticated
     @authorized
@@ -132,6 +140,7 @@ def routes(base_url: str) -> list[tuple[str, type]]:
     return [
         (url_path_join(root, "clusters"), ClustersHandler),
         (url_path_join(root, "clusters", "(?P<name>[^/]+)"), ClusterHandler),
+        (url_path_join(root, "clusters", "(?P<name>[^/]+)", "interrupt"), InterruptHandler),
         (url_path_join(root, "nodes"), NodesHandler),
         (url_path_join(root, "backends"), BackendsHandler),
     ]

@@ -1,0 +1,125 @@
+"""A pytest plugin that runs ipyparallel's own tests (its installed ``ipyparallel.tests``
+modules, never copies) against lounge engines:
+
+    python -m pytest -p tests.ipp_lounge --pyargs ipyparallel.tests.test_view
+
+Their suite starts one ``ipcontroller`` per test module and adds ``ipengine`` processes with
+``ipyparallel.tests.setup``, ``add_engines`` and ``teardown``. This plugin puts one lounge
+cluster (local backend, our controller, engines forked by a node agent) in their place, scaled
+with ``Cluster.scale``, and leaves its client connection file where their tests look for it
+(profile ``iptest`` in the module's IPython dir).
+
+Where a stock expectation is deliberately different on lounge engines, the test is listed in
+``DIFFERENT`` with the reason and skipped; nothing else is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+#: test id (module::class::test) -> why lounge engines deliberately differ there.
+DIFFERENT: dict[str, str] = {}
+
+_cluster = None
+
+
+class _EngineHandle:
+    """What their suite keeps of an engine it added (a launcher with ``poll``): here the
+    engine's rank, alive while its node agent reports it running."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def poll(self):
+        for row in _cluster.engines() if _cluster is not None else ():
+            if row["rank"] == self.rank and row["state"] == "running":
+                return None
+        return 0
+
+
+def _count() -> int:
+    """Engines the controller has registered now, through a client of our own (their tests
+    destroy the global ZMQ context after each test, and with it any client on it)."""
+    import ipyparallel as ipp
+    import zmq
+
+    context = zmq.Context()
+    try:
+        client = ipp.Client(str(_cluster.kind.connection_files(_cluster.dir)[1]), context=context)
+        try:
+            return len(client.ids)
+        finally:
+            client.close(linger=0)
+    finally:
+        context.term()
+
+
+def _wait_for(n: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _count() < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"lounge engines: fewer than {n} registered after {timeout:g} s")
+        time.sleep(0.1)
+
+
+def lounge_setup() -> None:
+    """One lounge cluster with one engine; its client file where ``Client(profile='iptest')``
+    looks."""
+    global _cluster
+    from IPython.paths import get_ipython_dir
+    from ipyparallel import error
+    from ipyparallel.tests import RemoteErrorWithTB
+
+    from jupyter_lounge import Lounge
+
+    error.RemoteError = RemoteErrorWithTB
+    # their tests expect a quick heartbeat (their controller runs with --ping=250)
+    _cluster = Lounge(1, engines="ipyparallel", progress=False, wait=True, heartbeat_ms=250)
+    _cluster.start_sync()
+    security = os.path.join(get_ipython_dir(), "profile_iptest", "security")
+    os.makedirs(security, exist_ok=True)
+    engine_file, client_file = _cluster.kind.connection_files(_cluster.dir)
+    shutil.copy(client_file, os.path.join(security, "ipcontroller-client.json"))
+    shutil.copy(engine_file, os.path.join(security, "ipcontroller-engine.json"))
+
+
+def lounge_add_engines(n: int = 1, profile: str = "iptest", total: bool = False) -> list:
+    base = _count()
+    if total:
+        n = max(n - base, 0)
+    if n == 0:
+        return []
+    _cluster.reload()
+    before = {row["rank"] for row in _cluster.engines()}
+    _cluster.scale_sync(max(_cluster.n, base) + n)
+    _wait_for(base + n)
+    return [_EngineHandle(r["rank"]) for r in _cluster.engines() if r["rank"] not in before]
+
+
+def lounge_teardown() -> None:
+    global _cluster
+    if _cluster is not None:
+        _cluster.stop_sync()
+        _cluster = None
+
+
+def pytest_configure(config) -> None:
+    # Before their conftest and clienttest import these names from ipyparallel.tests.
+    import ipyparallel.tests as stock
+
+    stock.setup, stock.add_engines, stock.teardown = (
+        lounge_setup,
+        lounge_add_engines,
+        lounge_teardown,
+    )
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        test_id = item.nodeid.split("/")[-1]
+        if test_id in DIFFERENT:
+            item.add_marker(pytest.mark.skip(reason=f"lounge engines: {DIFFERENT[test_id]}"))

@@ -1,0 +1,191 @@
+"""Lounge engines behave like stock ones: what a user of ipyparallel or Dask does with the
+stock client works on them the same way (ipyparallel's own suite runs in
+test_ipyparallel_suite.py). Real controllers, agents and forked engines, on this machine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from jupyter_lounge import Lounge
+from jupyter_lounge.errors import LoungeError
+
+from .conftest import wait_until
+
+
+def _sleep(seconds):
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+def _spin(seconds):
+    """Pure Python for ``seconds``: interruptible at any line (unlike a sleep in C)."""
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    return seconds
+
+
+def _crash():
+    import os
+
+    os._exit(3)
+
+
+def _pid():
+    import os
+
+    return os.getpid()
+
+
+def busy(rc) -> int:
+    """How many engines run a task now."""
+    return sum(1 for s in rc.queue_status().values() if isinstance(s, dict) and s["queue"])
+
+
+@pytest.fixture
+def ipp(lounge_dir):
+    # Heartbeats every second: the controller would declare a dead engine after 20 misses
+    # (20 s), so a death seen within 10 s below can only have come from the node's nanny.
+    cluster = Lounge(2, engines="ipyparallel", wait=True, progress=False, heartbeat_ms=1000)
+    cluster.start_sync()
+    yield cluster
+    cluster.stop_sync()
+
+
+def test_ipyparallel_signal_death_and_shutdown(ipp):
+    rc = ipp.client
+    # Client.send_signal reaches each engine through the node's nanny, while it is busy
+    ar = rc[:].apply_async(_sleep, 60)
+    wait_until(lambda: busy(rc) == 2, 10, "both engines busy")
+    rc.send_signal(signal.SIGINT, block=True)
+    with pytest.raises(Exception) as info:
+        ar.get(timeout=20)
+    assert "KeyboardInterrupt" in str(info.value), str(info.value)
+
+    # a crash is reported by the nanny at once (the heartbeat would take 20 minutes)
+    # and the agent replaces the engine
+    ar = rc[rc.ids[0]].apply_async(_crash)
+    with pytest.raises(Exception) as info:
+        ar.get(timeout=10)
+    assert "EngineError" in repr(info.value) or "died" in str(info.value), repr(info.value)
+    wait_until(lambda: len(rc.ids) == 2, 30, "a replacement engine")
+    assert ipp.n == 2
+
+    # an engine shut down on purpose is not replaced, and the target drops with it
+    before = set(rc.ids)
+    rc.shutdown(targets=[rc.ids[-1]], block=True)
+    wait_until(lambda: len(rc.ids) == 1, 20, "the engine to unregister")
+    time.sleep(2)  # a replacement would have registered by now
+    assert len(rc.ids) == 1 and set(rc.ids) < before
+    ipp.nodes_status()
+    assert ipp.n == 1
+    rows = ipp.engines()
+    assert sorted(r["state"] for r in rows) == ["retired", "running"], rows
+    # scaling up again forks new ranks
+    ipp.scale_sync(2)
+    ipp.wait_for_engines_sync(2, 60)
+    assert ipp.n == 2
+
+
+def test_ipyparallel_broadcast_magics_and_interrupt(ipp):
+    rc = ipp.client
+    for coalescing in (False, True):
+        view = rc.broadcast_view(is_coalescing=coalescing)
+        assert view.apply_sync(lambda: 7) == [7, 7]
+        view.scatter("x", list(range(4)), block=True)
+        assert sorted(sum(view.pull("x", block=True), [])) == [0, 1, 2, 3]
+    # the engine app is the application singleton: %matplotlib inline works on engines
+    out = rc[:].execute("%matplotlib inline\nimport matplotlib.pyplot as plt", block=True)
+    assert out.successful()
+    shown = rc[:].execute(
+        "from IPython.display import HTML, display\ndisplay(HTML('<b>x</b>'))", block=True
+    )
+    assert all(any("text/html" in o["data"] for o in outputs) for outputs in shown.outputs), (
+        shown.outputs
+    )
+
+    # %lounge interrupt: the running work stops, the cluster and its engines stay
+    pids = sorted(rc[:].apply_sync(_pid))
+    ar = rc[:].apply_async(_sleep, 60)
+    wait_until(lambda: busy(rc) == 2, 10, "both engines busy")
+    said = ipp.interrupt_sync()
+    assert said.startswith("Interrupted 2 engines of") and "KeyboardInterrupt" in said, said
+    with pytest.raises(Exception) as info:
+        ar.get(timeout=20)
+    assert "KeyboardInterrupt" in str(info.value)
+    assert sorted(rc[:].apply_sync(_pid)) == pids  # the same engines, still serving
+
+
+def test_interrupt_refuses_a_stopped_cluster(ipp):
+    ipp.stop_sync()
+    with pytest.raises(LoungeError, match="not running"):
+        ipp.interrupt_sync()
+
+
+def test_dask_stock_client(lounge_dir):
+    import dask.array as da
+    from distributed import Client
+
+    cluster = Lounge(2, engines="dask", wait=True, progress=False)
+    cluster.start_sync()
+    try:
+        client: Client = cluster.client
+        assert client.submit(lambda x: x + 1, 1).result(timeout=30) == 2
+        assert client.gather(client.map(lambda x: x * 2, range(10))) == list(range(0, 20, 2))
+        [data] = client.scatter([list(range(100))], broadcast=True)
+        assert client.submit(sum, data).result(timeout=30) == 4950
+        pids = client.run(os.getpid)
+        assert len(pids) == 2
+        x = da.arange(10_000, chunks=1_000)
+        assert int(client.compute(x.sum()).result(timeout=60)) == sum(range(10_000))
+        try:
+            import dask.dataframe as dd
+            import pandas as pd
+
+            df = dd.from_pandas(pd.DataFrame({"k": [1, 2, 1, 2], "v": range(4)}), npartitions=2)
+            got = client.compute(df.groupby("k").v.sum()).result(timeout=60)
+            assert got.to_dict() == {1: 2, 2: 4}
+        except ImportError as e:  # dask.dataframe needs pyarrow: installed with the package
+            pytest.fail(f"dask.dataframe is not usable on lounge workers: {e}")
+
+        # a worker killed mid-task: the task is rescheduled and the agent replaces the worker
+        slow = client.submit(_sleep, 3, pure=False)
+        wait_until(
+            lambda: client.processing() and any(client.processing().values()),
+            10,
+            "the task to start",
+        )
+        [(addr, _)] = [(a, k) for a, k in client.processing().items() if k]
+        os.kill(pids[addr], signal.SIGKILL)
+        assert slow.result(timeout=60) == 3
+        wait_until(lambda: len(client.scheduler_info()["workers"]) == 2, 60, "a new worker")
+
+        # restart without nannies: the scheduler closes the workers, the agents fork new ones
+        client.restart(timeout=60)
+        assert len(client.scheduler_info()["workers"]) == 2
+        assert set(client.run(os.getpid).values()).isdisjoint(pids.values())
+        assert cluster.n == 2
+
+        # %lounge interrupt: each running task raises Interrupted; the workers stay
+        running = client.map(_spin, [60, 60], pure=False)
+        wait_until(
+            lambda: sum(len(k) for k in client.processing().values()) == 2, 10, "both tasks to run"
+        )
+        said = cluster.interrupt_sync()
+        assert said.startswith("Interrupted 2 engines of") and "raises Interrupted" in said, said
+        for future in running:
+            with pytest.raises(Exception) as info:
+                future.result(timeout=20)
+            assert type(info.value).__name__ == "Interrupted", repr(info.value)
+        assert len(client.scheduler_info()["workers"]) == 2
+        assert client.submit(lambda: 5).result(timeout=30) == 5
+    finally:
+        cluster.stop_sync()
