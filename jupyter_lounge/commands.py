@@ -143,7 +143,8 @@ def usage(prog: str = "%lounge") -> str:
 def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
     if not words:
         raise LoungeError(f"Say what to do, e.g. `{prog} start 8`; see `{prog} help`.")
-    known = ("start", "scale", "status", "stop", "attach", "list", "nodes", "sync", "help")
+    known = ("start", "scale", "status", "interrupt", "stop", "attach", "list", "nodes", "sync")
+    known += ("help",)
     if words[0] not in known:
         raise LoungeError(f"Unknown command {words[0]!r}: use one of {', '.join(known)}.")
     return build_parser(prog).parse_args(words)

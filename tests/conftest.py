@@ -12,6 +12,11 @@ import psutil
 import pytest
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """Fast tests first: a failure shows in minutes; the slow ones (marked) run last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)
+
+
 def processes_under(path: str) -> list[psutil.Process]:
     """Live processes whose command line mentions ``path`` (agents and their forked engines
     carry the spec path; controllers carry their profile dir or scheduler file)."""

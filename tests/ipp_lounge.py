@@ -70,13 +70,19 @@ def lounge_setup() -> None:
     """One lounge cluster with one engine; its client file where ``Client(profile='iptest')``
     looks."""
     global _cluster
-    from IPython.paths import get_ipython_dir
     from ipyparallel import error
     from ipyparallel.tests import RemoteErrorWithTB
+    from IPython.paths import get_ipython_dir
 
     from jupyter_lounge import Lounge
 
     error.RemoteError = RemoteErrorWithTB
+    # their engines run with --InteractiveShell.colors=nocolor (tracebacks are matched as
+    # text): the same setting, from the engines' profile in the module's IPython dir
+    default = os.path.join(get_ipython_dir(), "profile_default")
+    os.makedirs(default, exist_ok=True)
+    with open(os.path.join(default, "ipengine_config.py"), "w") as f:
+        f.write('c.InteractiveShell.colors = "nocolor"\n')
     # their tests expect a quick heartbeat (their controller runs with --ping=250)
     _cluster = Lounge(1, engines="ipyparallel", progress=False, wait=True, heartbeat_ms=250)
     _cluster.start_sync()

@@ -33,6 +33,7 @@ def _run(cmd, *, cwd, env, timeout, what):
     return done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_binder_files_alone_give_lab_with_the_extension_and_a_running_quickstart(
     tmp_path, lounge_dir
 ):

@@ -38,6 +38,9 @@ def test_start_list_attach_stop(kind, lounge_dir):
     assert "3/3 engines ready" in status.stdout
     assert lounge("scale", "4", "--name", "shell").returncode == 0
     cluster.wait_for_engines_sync(4, timeout=60)
+    interrupted = lounge("interrupt", "shell")
+    assert interrupted.returncode == 0, interrupted.stderr
+    assert interrupted.stdout.startswith("Interrupted 4 engines of 'shell': ")
     stopped = lounge("stop", "shell")
     assert stopped.returncode == 0 and "Stopped shell." in stopped.stdout
     assert state.list_states() == []
@@ -52,6 +55,8 @@ def test_start_list_attach_stop(kind, lounge_dir):
         (["start", "2", "--bogus"], "Unknown option --bogus: see `lounge help`"),
         (["stop", "ghost"], "No cluster named 'ghost' to stop"),
         (["stop"], "Say which cluster to stop"),
+        (["interrupt"], "Say which cluster to interrupt"),
+        (["interrupt", "ghost"], "No cluster named 'ghost'"),
         (["teleport"], "Unknown command 'teleport'"),
     ],
 )

@@ -112,6 +112,7 @@ ROUTES = [
     ("GET", ("clusters", "ghost")),
     ("PATCH", ("clusters", "ghost")),
     ("DELETE", ("clusters", "ghost")),
+    ("POST", ("clusters", "ghost", "interrupt")),
     ("GET", ("nodes",)),
     ("GET", ("backends",)),
 ]
@@ -141,7 +142,7 @@ async def test_no_registered_route_answers_without_a_token(jp_serverapp, jp_fetc
         for r in rules(jp_serverapp.web_app.default_router)
         if "jupyter-lounge" in getattr(getattr(r.matcher, "regex", None), "pattern", "")
     ]
-    assert len(ours) == 4
+    assert len(ours) == 5
     base = jp_serverapp.base_url
     for rule in ours:
         pattern = rule.matcher.regex.pattern.rstrip("$")
@@ -162,6 +163,11 @@ async def test_no_registered_route_answers_without_a_token(jp_serverapp, jp_fetc
 @pytest.mark.parametrize("method", ["GET", "PATCH", "DELETE"])
 async def test_a_missing_cluster_is_404(jp_fetch, method):
     code, body = await call(jp_fetch, method, "clusters", "ghost", body={"n": 2})
+    assert (code, body) == (404, {"message": GHOST})
+
+
+async def test_interrupting_a_missing_cluster_is_404(jp_fetch):
+    code, body = await call(jp_fetch, "POST", "clusters", "ghost", "interrupt")
     assert (code, body) == (404, {"message": GHOST})
 
 
@@ -267,6 +273,10 @@ async def test_start_scale_stop_a_real_cluster(jp_fetch, lounge_dir, kind):
     code, row = await call(jp_fetch, "PATCH", "clusters", "web", body={"n": 3})
     assert code == 200 and row["target"] == 3 and row["n"] == 3
     await wait_for(lambda: ready_row(jp_fetch, "web", 3), 60, "3 engines of 'web'")
+
+    code, body = await call(jp_fetch, "POST", "clusters", "web", "interrupt")
+    assert code == 200 and body["message"].startswith("Interrupted 3 engines of 'web': "), body
+    assert (await call(jp_fetch, "GET", "clusters", "web"))[1]["ready"] == 3
 
     async def three_here():
         code, body = await call(jp_fetch, "GET", "nodes")

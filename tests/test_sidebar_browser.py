@@ -128,6 +128,7 @@ def _api(url: str, token: str, path: str) -> dict:
         return json.loads(r.read())
 
 
+@pytest.mark.slow
 def test_sidebar_starts_scales_connects_and_stops_clusters(lab, lounge_dir):
     from playwright.sync_api import expect, sync_playwright
 
@@ -187,8 +188,28 @@ def test_sidebar_starts_scales_connects_and_stops_clusters(lab, lounge_dir):
                 "engines 6", timeout=120_000
             )
 
+            # work running on every engine; Interrupt stops it and the cluster stays
+            busy = page.locator(".jp-Notebook .jp-Cell").nth(3)
+            busy.locator(".cm-content").click()
+            page.keyboard.type("r = client[:].apply_async(__import__('time').sleep, 300)")
+            page.keyboard.press("Shift+Enter")
+            expect(busy.locator(".jp-InputArea-prompt")).to_contain_text("[3]")
+            row.locator('[data-testid="lounge-interrupt"]').click()
+            expect(page.get_by_text("Interrupted 6 engines of 'from-sidebar'")).to_be_visible()
+            check = page.locator(".jp-Notebook .jp-Cell").nth(4)
+            check.locator(".cm-content").click()
+            page.keyboard.type(
+                "r.wait(30); print('interrupted', [type(x).__name__ + ('KeyboardInterrupt' in "
+                "str(x)) * ':KI' for x in r.get(return_exceptions=True)])"
+            )
+            page.keyboard.press("Shift+Enter")
+            expect(check.locator(".jp-OutputArea-output")).to_contain_text(
+                "interrupted " + str(["RemoteError:KI"] * 6), timeout=60_000
+            )
+            expect(row.locator('[data-testid="lounge-cluster-ready"]')).to_have_text("6/6")
+
             # a cluster started by %lounge in the kernel shows up in the sidebar
-            last = page.locator(".jp-Notebook .jp-Cell").nth(3)
+            last = page.locator(".jp-Notebook .jp-Cell").nth(5)
             last.locator(".cm-content").click()
             page.keyboard.type("%load_ext jupyter_lounge\n%lounge start 2 --name from-kernel")
             page.keyboard.press("Shift+Enter")

@@ -275,6 +275,7 @@ def test_node_power_cut_mid_map_loses_no_item(kind, lounge_toml, lounge_dir):
     nothing_left_on_the_nodes()
 
 
+@pytest.mark.slow
 def test_lounge_sync_ships_once_then_agents_run_the_prepositioned_python(lounge_toml, lounge_dir):
     """`lounge sync` puts this virtualenv (jupyter_lounge included, editable here) on each
     node's own disk; a second sync ships nothing; `--sync` starts run that python."""

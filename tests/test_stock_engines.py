@@ -93,6 +93,13 @@ def test_ipyparallel_signal_death_and_shutdown(ipp):
     ipp.scale_sync(2)
     ipp.wait_for_engines_sync(2, 60)
     assert ipp.n == 2
+    # `exit` in an engine (%px exit) ends it on purpose too
+    rc.wait_for_engines(2, timeout=30)
+    rc[rc.ids[-1]].execute("exit", block=False)
+    wait_until(lambda: len(rc.ids) == 1, 20, "the exited engine to unregister")
+    time.sleep(2)
+    ipp.nodes_status()
+    assert len(rc.ids) == 1 and ipp.n == 1
 
 
 def test_ipyparallel_broadcast_magics_and_interrupt(ipp):

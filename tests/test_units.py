@@ -102,3 +102,15 @@ def test_sync_words_and_remote_paths():
     assert remote_path("~/.cache/x y") == "\"$HOME\"'/.cache/x y'"
     assert remote_path("/var/local/lounge") == "/var/local/lounge"
     assert env_dir("/var/local/lounge/", "ab12") == "/var/local/lounge/envs/ab12"
+
+
+@pytest.mark.parametrize("node", ["vm", "node-01", "gpu_3", "pc7.lounge", "a-2d_b", "Ä", "節点"])
+def test_engine_identities_are_python_name_parts_and_give_node_and_rank_back(node):
+    from jupyter_lounge.engines.base import engine_ident, engine_name, parse_engine_name
+
+    ident = engine_ident(node, 12, "ab12cd34")
+    # ipyparallel makes Python names of message ids holding it, after turning - into _
+    assert f"_x_{ident}_f".replace("-", "_").isidentifier(), ident
+    assert parse_engine_name(ident) == (node, 12)
+    assert parse_engine_name(engine_name(node, 3)) == (node, 3)  # Dask's worker names
+    assert parse_engine_name("not-an-engine") is None

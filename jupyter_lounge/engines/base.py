@@ -23,9 +23,11 @@ def engine_name(node: str, rank: int, suffix: str = "") -> str:
 def engine_ident(node: str, rank: int, nonce: str) -> str:
     """An ipyparallel engine's identity, made of ``[A-Za-z0-9_-]`` only: ipyparallel turns
     message ids that contain it into Python names on the engine (broadcast views). Every
-    character of the node name outside ``[A-Za-z0-9]`` is written ``-XX`` (its hex code), so
+    character of the node name outside ``[A-Za-z0-9]`` is written ``-XX`` per UTF-8 byte, so
     ``_`` separates the parts and the name comes back exactly."""
-    escaped = "".join(c if c.isascii() and c.isalnum() else f"-{ord(c):02x}" for c in node)
+    escaped = "".join(
+        c if c.isascii() and c.isalnum() else "".join(f"-{b:02x}" for b in c.encode()) for c in node
+    )
     return f"{escaped}_{rank}_{nonce}"
 
 
@@ -36,11 +38,8 @@ def parse_engine_name(name: str) -> tuple[str, int] | None:
         return parts[0], int(parts[1])
     parts = str(name).split("_")
     if len(parts) == 3 and parts[1].isdigit():
-        try:
-            node = re.sub(r"-([0-9a-f]{2})", lambda m: chr(int(m.group(1), 16)), parts[0])
-        except ValueError:
-            return None
-        return node, int(parts[1])
+        raw = re.sub(rb"-([0-9a-f]{2})", lambda m: bytes([int(m[1], 16)]), parts[0].encode())
+        return raw.decode("utf-8", "replace"), int(parts[1])
     return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import sys
 import time
 import uuid
@@ -98,6 +99,13 @@ class IPyParallelEngines(EngineKind):
             f.write(f"c.Session.key = {secrets.token_hex(32).encode()!r}\n")
             if options.get("tls"):  # here, not on the command line: it would drop the key
                 f.write("c.IPController.enable_curve = True\n")
+        # Engines read the user's engine config as stock ones started for the default
+        # profile do (nodes without a shared file system get none: their profile is theirs).
+        from IPython.paths import get_ipython_dir
+
+        user_config = Path(get_ipython_dir()) / "profile_default" / "ipengine_config.py"
+        if user_config.is_file():
+            shutil.copyfile(user_config, profile / "ipengine_config.py")
         return [
             sys.executable,
             "-m",

@@ -130,6 +130,15 @@ export class LoungeAPI {
     );
   }
 
+  /** Interrupts the running work on every engine; answers with what was done. */
+  async interrupt(name: string): Promise<string> {
+    const answer = await this._request<{ message?: unknown }>(
+      `${clusterPath(name)}/interrupt`,
+      { method: 'POST' }
+    );
+    return typeof answer?.message === 'string' ? answer.message : `Interrupted ${name}.`;
+  }
+
   /** Answers once nothing of the cluster is left running. */
   async stop(name: string): Promise<void> {
     await this._request(clusterPath(name), { method: 'DELETE' });

@@ -233,7 +233,7 @@ export function parseBackends(body: unknown): IBackendsModel {
 export type Tone = 'ok' | 'busy' | 'warn' | 'error';
 
 /** An action on a cluster still waiting for the server's answer. */
-export type Busy = 'stopping' | 'scaling';
+export type Busy = 'stopping' | 'scaling' | 'interrupting';
 
 export interface IClusterView {
   name: string;
@@ -247,6 +247,8 @@ export interface IClusterView {
   detail: string;
   age: string;
   canScale: boolean;
+  /** Interrupt the running work on every engine (the cluster keeps running). */
+  canInterrupt: boolean;
   canStop: boolean;
   canInsert: boolean;
   /** `Stop`; `Remove` for a failed start (nothing is left to stop); `Forget` for a
@@ -256,8 +258,8 @@ export interface IClusterView {
 
 /** The status text: the status itself, or Slurm's reason while a start is pending. */
 export function clusterStatusText(cluster: IClusterModel, busy?: Busy): string {
-  if (busy === 'stopping') {
-    return 'stopping';
+  if (busy === 'stopping' || busy === 'interrupting') {
+    return busy;
   }
   if (cluster.pending && cluster.status !== 'running') {
     return /^pending\b/i.test(cluster.pending)
@@ -308,6 +310,7 @@ export function describeCluster(
     detail: (failed || corrupt) && cluster.error ? cluster.error : '',
     age: formatAge(cluster.age_s),
     canScale: live && !busy,
+    canInterrupt: cluster.status === 'running' && !busy,
     canStop: busy === undefined && cluster.status !== 'stopping',
     canInsert: live && busy !== 'stopping',
     stopLabel: failed ? 'Remove' : corrupt ? 'Forget' : 'Stop'

@@ -5,7 +5,7 @@
  * refresh updates them in place and a button being clicked is never replaced.
  */
 
-import { Dialog, showDialog } from '@jupyterlab/apputils';
+import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { Message } from '@lumino/messaging';
 import { Poll } from '@lumino/polling';
@@ -19,6 +19,7 @@ import { loungeIcon } from './icons';
 import {
   buildScaleRequest,
   buildStartRequest,
+  Busy,
   describeCluster,
   IClusterView,
   INodeView,
@@ -144,6 +145,14 @@ export class LoungeSidebar extends Widget {
     );
   }
 
+  /** Interrupt the running work on every engine of a cluster, as Ctrl-C does in a
+   * notebook; the sentence the server answers says what was done. */
+  async interrupt(name: string): Promise<void> {
+    await this._act(name, 'interrupting', async () => {
+      Notification.info(await this._api.interrupt(name), { autoClose: 8000 });
+    });
+  }
+
   /** Confirm, then stop a cluster (or remove a failed start, or forget a corrupt one). */
   async stop(name: string): Promise<void> {
     const cluster = this.state.cluster(name);
@@ -254,7 +263,7 @@ export class LoungeSidebar extends Widget {
   /** Run a cluster action, its row marked busy meanwhile, then refresh at once. */
   private async _act(
     name: string,
-    busy: 'stopping' | 'scaling',
+    busy: Busy,
     action: () => Promise<unknown>
   ): Promise<void> {
     this.state.clearError();
@@ -418,6 +427,16 @@ export class LoungeSidebar extends Widget {
             onclick: () => void this.scale(name)
           },
           'Scale…'
+        ),
+        h.button(
+          {
+            className: 'jp-lounge-Button',
+            dataset: { testid: 'lounge-interrupt' },
+            title: `Interrupt the running work on every engine of ${name} (the cluster keeps running)`,
+            ...disabledUnless(view.canInterrupt),
+            onclick: () => void this.interrupt(name)
+          },
+          'Interrupt'
         ),
         h.button(
           {

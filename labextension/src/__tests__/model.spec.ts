@@ -184,6 +184,7 @@ describe('cluster rows', () => {
       age: '12 s',
       summary: 'ipyparallel · local · tensorflow',
       canScale: true,
+      canInterrupt: true,
       canStop: true,
       canInsert: true,
       stopLabel: 'Stop',
@@ -213,6 +214,7 @@ describe('cluster rows', () => {
       tone: 'error',
       detail: "Preload module 'tensorflw' does not import.",
       canScale: false,
+      canInterrupt: false,
       canInsert: false,
       canStop: true,
       stopLabel: 'Remove'
@@ -231,6 +233,7 @@ describe('cluster rows', () => {
       tone: 'error',
       detail: error,
       canScale: false,
+      canInterrupt: false,
       canInsert: false,
       canStop: true,
       stopLabel: 'Forget'
@@ -243,9 +246,21 @@ describe('cluster rows', () => {
       status: 'stopping',
       tone: 'busy',
       canScale: false,
+      canInterrupt: false,
       canStop: false,
       canInsert: false
     });
+  });
+
+  it('offers Interrupt only while a cluster runs and nothing else is under way', () => {
+    expect(describeCluster(cluster({ status: 'starting' })).canInterrupt).toBe(false);
+    expect(describeCluster(cluster(), 'interrupting')).toMatchObject({
+      canInterrupt: false,
+      canScale: false,
+      canStop: false,
+      tone: 'busy'
+    });
+    expect(describeCluster(cluster({ ready: 2, target: 8 })).canInterrupt).toBe(true);
   });
 
   it('marks a cluster still filling as busy', () => {
