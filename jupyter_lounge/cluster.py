@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from . import state, validate
+from . import protocol, state, validate
 from ._loop import run_sync
 from .backends import make_backend
 from .config import settings
@@ -242,7 +242,7 @@ class Cluster:
         self._show_progress()
         files = self.kind.connection_files(cdir)  # engines' and client's (may be one file)
         await self._wait_for(
-            lambda: all(state.read_json(f) for f in files),
+            lambda: all(protocol.read_json(f) for f in files),
             30,
             "the controller to write its connection files",
             check=self._check_controller,
@@ -285,8 +285,8 @@ class Cluster:
             files = {
                 f: str(cdir / f"agent-{key}.{f}") for f in ("spec", "control", "report", "log")
             }
-            state.write_json(files["control"], {"ranks": ranks, "size": self.n})
-            state.write_json(files["spec"], self._agent_spec(key, node, ranks, files))
+            protocol.write_control(files["control"], protocol.Control(ranks=ranks, size=self.n))
+            protocol.write_spec(files["spec"], self._agent_spec(key, node, files))
             agents.append(
                 {
                     "key": key,
@@ -302,30 +302,29 @@ class Cluster:
         await self.backend.place(agents, cdir, self.name)
         self.save()
 
-    def _agent_spec(self, key: str, node: str | None, ranks: list[int], files: dict) -> dict:
+    def _agent_spec(self, key: str, node: str | None, files: dict) -> protocol.Spec:
         cdir = self.dir
-        return self.backend.spec_for(node) | {
-            "cluster": self.name,
-            "key": key,
-            "node": node,
-            "engine_kind": self.kind.name,
-            "preload": self.preload,
-            "ranks": ranks,
-            "size": self.n,
-            "connection_file": str(self.kind.connection_files(cdir)[0]),
-            "control_file": files["control"],
-            "report_file": files["report"],
-            "gpus": self.gpus,
-            "engines_per_gpu": self.engines_per_gpu,
-            "restart": self.restart,
-            "connect_timeout": max(60, self.timeout),
-            "courtesy": self.courtesy or self.backend.courtesy_for(node),
-            "engine_options": {
+        return protocol.Spec(
+            cluster=self.name,
+            key=key,
+            node=node,
+            engine_kind=self.kind.name,
+            preload=self.preload,
+            connection_file=str(self.kind.connection_files(cdir)[0]),
+            control_file=files["control"],
+            report_file=files["report"],
+            gpus=self.gpus,
+            engines_per_gpu=self.engines_per_gpu,
+            restart=self.restart,
+            connect_timeout=max(60, self.timeout),
+            courtesy=self.courtesy or self.backend.courtesy_for(node),
+            engine_options={
                 "profile_dir": str(cdir / "profile"),
                 "local_directory": str(cdir / "dask-worker-space"),
                 "tls_dir": str(cdir) if self.tls else None,
             },
-        }
+            **self.backend.spec_for(node),
+        )
 
     # -- waiting -------------------------------------------------------------------------------
     def _controller_alive(self) -> bool:
@@ -340,20 +339,20 @@ class Cluster:
 
     def _check_agents(self) -> None:
         for a in self.agents:
-            report = state.read_json(a["files"]["report"]) or {}
-            if report.get("status") == "failed":
-                raise LoungeError(report.get("error") or f"node agent {a['key']} failed")
+            report = _report(a)
+            if report is not None and report.status == "failed":
+                raise LoungeError(report.error or f"node agent {a['key']} failed")
             how, why = self.backend.agent_state(a)
             if how == "lost":
                 log = tail(a["files"]["log"], 3)
                 where = self._node_label(a, report)
-                if not report and self.status == "starting" and self.backend.may_skip_nodes:
+                if report is None and self.status == "starting" and self.backend.may_skip_nodes:
                     self._skip(a, f"{why}" + (f" ({log})" if log else ""))
                     continue
                 raise LoungeError(
                     (
                         f"The node agent on {where} is gone: {why}."
-                        if report
+                        if report is not None
                         else f"The node agent {where} of {self.name!r} never started: {why}."
                     )
                     + (f" Its log ends: {log}" if log else "")
@@ -373,8 +372,8 @@ class Cluster:
         self.save()
 
     @staticmethod
-    def _node_label(agent: dict, report: dict) -> str:
-        return agent.get("node") or report.get("node") or f"agent {agent['key']}"
+    def _node_label(agent: dict, report: protocol.Report | None) -> str:
+        return agent.get("node") or (report and report.node) or f"agent {agent['key']}"
 
     async def _wait_for(self, ready, timeout: float, what: str, check=None) -> None:
         def look() -> bool:
@@ -441,12 +440,12 @@ class Cluster:
         rows = []
         self.absorb_retired()
         for a in self.agents:
-            report = state.read_json(a["files"]["report"]) or {}
+            report = _report(a) or protocol.Report()
             node = self._node_label(a, report)
-            status, error = report.get("status", "starting"), report.get("error")
-            if status == "in use" and (report.get("courtesy") or {}).get("reason"):
-                status = f"in use ({report['courtesy']['reason']})"
-            seen = report.get("telemetry") or {}
+            status, error = report.status, report.error
+            if status == "in use" and (report.courtesy or {}).get("reason"):
+                status = f"in use ({report.courtesy['reason']})"
+            seen = report.telemetry or {}
             how, why = self.backend.agent_state(a)
             if how == "pending":
                 status = f"pending ({why})"
@@ -465,9 +464,7 @@ class Cluster:
                     "users": ",".join(seen.get("users", [])),
                     "gpu": ",".join(f"{g['util_percent']}%" for g in seen.get("gpus", [])),
                     "launch": ", ".join(
-                        f"{phase} {sec:.1f}s"
-                        for phase, sec in report.get("timings", [])
-                        if sec >= 0.05
+                        f"{phase} {sec:.1f}s" for phase, sec in report.timings if sec >= 0.05
                     ),
                 }
             )
@@ -480,7 +477,7 @@ class Cluster:
             return
         retired = 0
         for a in self.agents:
-            engines = (state.read_json(a["files"]["report"]) or {}).get("engines", {})
+            engines = (_report(a) or protocol.Report()).engines
             gone = [r for r in a["ranks"] if engines.get(str(r), {}).get("state") == "retired"]
             for rank in gone:
                 a["ranks"].remove(rank)
@@ -495,10 +492,10 @@ class Cluster:
         registered = {rank for _, rank in self.registered()}
         rows = []
         for a in self.agents:
-            report = state.read_json(a["files"]["report"]) or {}
+            report = _report(a) or protocol.Report()
             node = self._node_label(a, report)
             lost = self.backend.agent_state(a)[0] == "lost"
-            for rank, e in sorted(report.get("engines", {}).items(), key=lambda kv: int(kv[0])):
+            for rank, e in sorted(report.engines.items(), key=lambda kv: int(kv[0])):
                 rows.append(
                     {
                         "rank": int(rank),
@@ -544,7 +541,7 @@ class Cluster:
                 smallest["ranks"].append(self.next_rank)
                 self.next_rank += 1
         for a in self.agents:
-            state.write_json(a["files"]["control"], {"ranks": a["ranks"], "size": n})
+            protocol.write_control(a["files"]["control"], protocol.Control(a["ranks"], n))
             await self.backend.nudge(a)
         if missing > 0 and not self.backend.grows_in_place:
             await self._place(missing, None)  # a further allocation, never one per engine
@@ -560,8 +557,8 @@ class Cluster:
         self.absorb_retired()
         token = uuid.uuid4().hex  # each interrupt is new to every agent, whatever came before
         for a in self.agents:
-            control = {"ranks": a["ranks"], "size": self.n, "interrupt": token}
-            state.write_json(a["files"]["control"], control)
+            control = protocol.Control(a["ranks"], self.n, interrupt=token)
+            protocol.write_control(a["files"]["control"], control)
             await self.backend.nudge(a)
         running = sum(1 for e in self.engines() if e["state"] == "running")
         return (
@@ -601,7 +598,7 @@ class Cluster:
         if recorded is not None and ours_to_remove:
             _best_effort(self.save)
         for a in self.agents:
-            _best_effort(state.write_json, a["files"]["control"], {"stop": True})
+            _best_effort(protocol.write_control, a["files"]["control"], protocol.Control(stop=True))
         try:
             await self.backend.release(self.agents, 5.0)
             released = None
@@ -681,6 +678,11 @@ class Cluster:
 
     def wait_for_engines_sync(self, n: int | None = None, timeout: float | None = None) -> None:
         run_sync(self.wait_for_engines(n, timeout))
+
+
+def _report(agent: dict) -> protocol.Report | None:
+    """The last report of this agent (None before its first)."""
+    return protocol.read_report(agent["files"]["report"])
 
 
 def _best_effort(write, *args) -> None:

@@ -1,9 +1,9 @@
 """The node agent: one per node. Import the preload set once, then fork the engines.
 
-``python -m jupyter_lounge.node SPEC.json``. The spec (a 0600 file, so no connection info is
-ever on a command line) says which engines to run; the control file beside it says how many
-ranks are wanted and whether to stop, and is re-read on SIGHUP and every half second. The
-agent writes a report file the cluster reads: its status and each engine's pid and state.
+``python -m jupyter_lounge.node SPEC.json`` (or ``--stdio`` over SSH). It speaks the agent
+protocol (``protocol.py``) through a link: the spec (so no connection info is ever on a command
+line) says which engines to run; each control says which ranks are wanted and whether to stop;
+the agent publishes a report: its status and each engine's pid and state.
 
 Forked children inherit every imported module by copy-on-write, so no engine pays for
 ``import tensorflow``. That is only safe while this process has no extra thread and no ZMQ
@@ -17,7 +17,6 @@ import importlib
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import sys
@@ -25,7 +24,7 @@ import time
 import traceback
 
 from .engines import engine_kind
-from .state import read_json, write_json
+from .protocol import Control, FileLink, Report, StdioLink, read_json
 
 POLL_S = 0.2
 PROBE_EVERY_S = 2.0
@@ -118,27 +117,6 @@ def _set_parent_death_signal() -> None:
         pass
 
 
-def _remove_stale_run_dirs(root: str, young_s: float = 120.0) -> None:
-    """Remove the folders of agents that died without cleaning up (a power cut): their report
-    names a pid that is no node agent now, or they have no report and are not new."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return
-    for name in names:
-        path = os.path.join(root, name)
-        report = read_json(os.path.join(path, "report.json"))
-        try:
-            if report is None and time.time() - os.stat(path).st_mtime < young_s:
-                continue  # an agent starting right now
-            with open(f"/proc/{int((report or {}).get('pid') or 0)}/cmdline", "rb") as f:
-                if b"jupyter_lounge.node" in f.read():
-                    continue
-        except (OSError, ValueError):
-            pass
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def _reseed(rank: int) -> None:
     """Fork copies numpy's global random state: give every engine its own."""
     seed = int.from_bytes(os.urandom(4), "little") ^ rank
@@ -147,84 +125,24 @@ def _reseed(rank: int) -> None:
         np.random.seed(seed)
 
 
-class StdioLink:
-    """The agent's side of an SSH session when the node shares no file system with the
-    cluster (``--stdio``): JSON lines in on stdin (the spec first, then the connection files
-    and every control change), reports out on the original stdout. The agent's own stdout
-    and its engines' go to stderr, so nothing but reports travels on the report stream; a
-    closed stdin means the session is gone. No thread: the agent polls it with ``select``."""
-
-    def __init__(self):
-        self.out = os.dup(1)
-        os.set_inheritable(self.out, False)
-        os.dup2(2, 1)
-        self.buf = b""
-        self.closed = False
-
-    def first(self) -> dict:
-        while b"\n" not in self.buf:
-            chunk = os.read(0, 1 << 16)
-            if not chunk:
-                raise SystemExit("node agent: stdin closed before the spec arrived")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)["spec"]
-
-    def messages(self, timeout: float) -> list[dict]:
-        """What arrived within ``timeout`` seconds (returns at once when something did)."""
-        if self.closed:
-            time.sleep(timeout)
-            return []
-        ready, _, _ = select.select([0], [], [], timeout)
-        if ready:
-            chunk = os.read(0, 1 << 16)
-            if not chunk:
-                self.closed = True
-            self.buf += chunk
-        *lines, self.buf = self.buf.split(b"\n")
-        return [json.loads(line) for line in lines if line.strip()]
-
-    def send(self, message: dict) -> None:
-        try:
-            os.write(self.out, json.dumps(message, separators=(",", ":")).encode() + b"\n")
-        except OSError:  # the session is gone; the stdin side notices and stops the agent
-            self.closed = True
-
-    def close_in_child(self) -> None:
-        """In a forked engine: the link is the agent's alone."""
-        os.close(self.out)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
-
-
 class NodeAgent:
-    def __init__(self, spec_path: str | None = None, *, stdio: bool = False):
-        self.stdio = StdioLink() if stdio else None
-        self.run_dir: str | None = None  # node-local folder of a stdio agent, removed at exit
-        if self.stdio is not None:
-            self.spec = self._localize(self.stdio.first())
-        else:
-            self.spec = read_json(spec_path)
-            if self.spec is None:
-                raise SystemExit(f"node agent: cannot read spec file {spec_path}")
-        s = self.spec
-        self.node = s.get("node") or socket.gethostname().split(".")[0]
-        self.gpus = detect_gpus() if s.get("gpus") is None else [str(g) for g in s["gpus"]]
-        self.kind = engine_kind(s["engine_kind"])
-        self.report_path = s["report_file"]
-        self.control_path = s["control_file"]
+    def __init__(self, link: FileLink | StdioLink):
+        self.link = link
+        self.spec = s = link.spec()
+        self.node = s.node or socket.gethostname().split(".")[0]
+        self.gpus = detect_gpus() if s.gpus is None else [str(g) for g in s.gpus]
+        self.kind = engine_kind(s.engine_kind)
         self.children: dict[int, int] = {}  # pid -> rank
         self.engines: dict[str, dict] = {}  # str(rank) -> {pid, state, restarts, index}
-        self.wanted: list[int] = list(s["ranks"])
+        self.wanted: list[int] = []  # the ranks the last control asked for
+        self.size = 0  # the cluster's engine count, as the last control said
+        self.forking = False  # engines are forked once the controller is there
         self.retired: set[int] = set()  # ranks whose engine was shut down on purpose
         self.service_pid: int | None = None  # the engine kind's per-node service (nanny)
         self._interrupt = None  # the last interrupt token of the control file
         self.stopping = False
         self.status = "starting"
         self.error: str | None = None
-        self._control_mtime = 0.0
-        self._hup = False
         self._next_index = 0
         self.timings: list[tuple[str, float]] = []  # seconds per launch phase, in order
         self.telemetry = None  # the last sample of this machine
@@ -239,92 +157,48 @@ class NodeAgent:
 
     # -- reporting ---------------------------------------------------------------------------
     def report(self) -> None:
-        report = {
-            "node": self.node,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "status": self.status,
-            "error": self.error,
-            "engines": self.engines,
-            "time": time.time(),
-            "timings": self.timings,
-            "telemetry": self.telemetry,
-            "courtesy": None
-            if self.courtesy is None
-            else {"state": self.courtesy.state, "reason": self.courtesy.reason},
-        }
-        try:
-            write_json(self.report_path, report)
-        except OSError:  # a full disk: the engines run on; the next report may get through
-            pass
-        if self.stdio is not None:
-            self.stdio.send(report)
+        courtesy = self.courtesy
+        self.link.publish(
+            Report(
+                node=self.node,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                status=self.status,
+                error=self.error,
+                engines=self.engines,
+                time=time.time(),
+                timings=[list(t) for t in self.timings],
+                telemetry=self.telemetry,
+                courtesy=None
+                if courtesy is None
+                else {"state": courtesy.state, "reason": courtesy.reason},
+            )
+        )
 
     def fail(self, message: str, code: int = 3) -> None:
         self.status, self.error = "failed", message
         print(f"node agent {self.node}: {message}", file=sys.stderr, flush=True)
         self.report()
         self.stop_children()
-        self._remove_run_dir()
+        self.link.cleanup()
         sys.exit(code)
 
-    # -- a node that shares no file system (the lounge over SSH) ------------------------------
-    def _localize(self, spec: dict) -> dict:
-        """Point the spec's files at a private node-local folder (the cluster's own paths are
-        on the machine that runs the controller, not here)."""
-        from .trust import UntrustedPath, private_dir
-
-        base = os.path.expanduser(spec.get("local_dir") or "~/.cache/jupyter_lounge")
-        run = os.path.join(base, "run", f"{spec['cluster']}.{spec['key']}")
-        try:  # ours alone, or refused: the engines' keys and connection files go here
-            private_dir(base, "local_dir")
-            private_dir(os.path.join(base, "run"), "agents' folder")
-            _remove_stale_run_dirs(os.path.join(base, "run"))
-            private_dir(run, "agent folder")
-        except (UntrustedPath, OSError) as e:
-            where = spec.get("node") or socket.gethostname()
-            message = f"node {where!r} refuses its local_dir: {e}"
-            self.stdio.send(
-                {"node": where, "status": "failed", "error": message, "time": time.time()}
-            )
-            raise SystemExit(f"node agent: {message}") from None
-        self.run_dir = run
-        spec["connection_file"] = os.path.join(run, "connection.json")
-        spec["control_file"] = os.path.join(run, "control.json")
-        spec["report_file"] = os.path.join(run, "report.json")
-        options = spec.setdefault("engine_options", {})
-        options["profile_dir"] = os.path.join(run, "profile")
-        os.makedirs(options["profile_dir"], mode=0o700, exist_ok=True)
-        options["local_directory"] = os.path.join(run, "dask-worker-space")
-        if options.get("tls_dir"):
-            options["tls_dir"] = run
-        return spec
-
-    def _take_messages(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for the link; write what it brings to the node-local files."""
-        if self.stdio is None:
-            time.sleep(timeout)
-            return
-        for message in self.stdio.messages(timeout):
-            for name, text in (message.get("files") or {}).items():
-                path = os.path.join(self.run_dir, os.path.basename(name))
-                fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-                os.replace(path + ".tmp", path)
-            if "control" in message:
-                write_json(self.control_path, message["control"])
-                self._hup = True
-        if self.stdio.closed and not self.stopping:
+    def _poll(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the link; act on a new control. True when one came."""
+        control = self.link.poll(timeout)
+        if control is not None:
+            self.apply_control(control)
+        if self.link.closed and not self.stopping:
             self.error = "the SSH session to this node ended; engines taken down"
             self.stopping = True
+        return control is not None
 
     # -- startup -----------------------------------------------------------------------------
     def preload(self) -> None:
         self.status = "preloading"
         self.report()
         self._lap("start")
-        for module in self.spec.get("preload", []):
+        for module in self.spec.preload:
             try:
                 importlib.import_module(module)
                 self._lap(f"import {module}")
@@ -345,24 +219,24 @@ class NodeAgent:
     def wait_for_controller(self) -> None:
         self.status = "waiting-controller"
         self.report()
-        path = self.spec["connection_file"]
-        deadline = time.monotonic() + self.spec.get("connect_timeout", 60)
+        path = self.spec.connection_file
+        deadline = time.monotonic() + self.spec.connect_timeout
         while not os.path.exists(path) or read_json(path) is None:
             if self.stopping:
                 self.shutdown()
             if time.monotonic() > deadline:
                 self.fail(f"timed out waiting for the controller's connection file {path}")
-            self._take_messages(0.05)
+            self._poll(0.05)
         self.connection = read_json(path)
         self.probe_addr = self.kind.probe_address(self.connection)
-        self.kind.prepare(self.connection, self.spec.get("engine_options", {}))
+        self.kind.prepare(self.connection, self.spec.engine_options)
 
     def start_service(self) -> None:
         """Fork the engine kind's per-node service (ipyparallel's nanny) and wait for the
         line that tells the engines where it is."""
         if not self.kind.has_node_service:
             return
-        options = self.spec.get("engine_options", {})
+        options = self.spec.engine_options
         read_fd, write_fd = os.pipe()
         pid = self._fork_child(lambda: self.kind.serve_node(self.connection, options, write_fd))
         os.close(write_fd)
@@ -395,8 +269,7 @@ class NodeAgent:
             _set_parent_death_signal()
             if os.getppid() != self.agent_pid:
                 os._exit(1)
-            if self.stdio is not None:
-                self.stdio.close_in_child()
+            self.link.close_in_child()
             for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
                 signal.signal(sig, signal.SIG_DFL)
             run()
@@ -423,24 +296,24 @@ class NodeAgent:
         if entry["index"] == self._next_index:
             self._next_index += 1
         entry["restarts"] += 1
-        gpu = gpu_for(entry["index"], self.gpus, self.spec.get("engines_per_gpu", 1))
+        gpu = gpu_for(entry["index"], self.gpus, self.spec.engines_per_gpu)
 
         def engine() -> None:
             os.environ.update(
                 LOUNGE_RANK=str(rank),
-                LOUNGE_SIZE=str(self.spec["size"]),
+                LOUNGE_SIZE=str(self.size),
                 LOUNGE_NODE=self.node,
-                LOUNGE_CLUSTER=self.spec["cluster"],
+                LOUNGE_CLUSTER=self.spec.cluster,
             )
             if gpu is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = gpu
             _reseed(rank)
             self.kind.run_engine(
-                self.spec["connection_file"],
+                self.spec.connection_file,
                 rank=rank,
                 node=self.node,
                 restarts=entry["restarts"],
-                options=self.spec.get("engine_options", {}),
+                options=self.spec.engine_options,
             )
 
         pid = self._fork_child(engine)
@@ -478,9 +351,9 @@ class NodeAgent:
                 self.retired.add(rank)
             elif code != 0:
                 entry["crashes"] += 1
-                if self.spec.get("restart", True) and entry["crashes"] <= MAX_RESTARTS:
+                if self.spec.restart and entry["crashes"] <= MAX_RESTARTS:
                     self.fork_engine(rank)
-            elif self.spec.get("restart", True):
+            elif self.spec.restart:
                 self.fork_engine(rank)  # closed by its controller (Dask's restart)
         return changed
 
@@ -510,35 +383,27 @@ class NodeAgent:
             except ProcessLookupError:
                 pass
 
-    def read_control(self) -> bool:
-        try:
-            mtime = os.stat(self.control_path).st_mtime
-        except FileNotFoundError:
-            return False
-        if mtime == self._control_mtime and not self._hup:
-            return False
-        self._hup = False
-        self._control_mtime = mtime
-        control = read_json(self.control_path) or {}
-        if control.get("stop"):
+    def apply_control(self, control: Control) -> None:
+        """Do what the cluster wants now: stop, interrupt, or run exactly these ranks (before
+        the controller is there, only remember them)."""
+        if control.stop:
             self.stopping = True
-            return True
-        token = control.get("interrupt")
-        if token is not None and token != self._interrupt:
-            self._interrupt = token
+            return
+        if control.interrupt is not None and control.interrupt != self._interrupt:
+            self._interrupt = control.interrupt
             self.interrupt()
-        if "ranks" in control:
-            self.wanted = [r for r in control["ranks"] if r not in self.retired]
-            self.spec["size"] = control.get("size", self.spec["size"])
-            running = set(self.children.values())
-            for pid, rank in list(self.children.items()):
-                if rank not in self.wanted:
-                    self.engines[str(rank)]["state"] = "stopping"
-                    os.kill(pid, signal.SIGTERM)
-            for rank in self.wanted:
-                if rank not in running and not self.evicted:
-                    self.fork_engine(rank)
-        return True
+        self.wanted = [r for r in control.ranks if r not in self.retired]
+        self.size = control.size or self.size
+        if not self.forking:
+            return
+        running = set(self.children.values())
+        for pid, rank in list(self.children.items()):
+            if rank not in self.wanted:
+                self.engines[str(rank)]["state"] = "stopping"
+                os.kill(pid, signal.SIGTERM)
+        for rank in self.wanted:
+            if rank not in running and not self.evicted:
+                self.fork_engine(rank)
 
     def controller_alive(self) -> bool:
         try:
@@ -585,12 +450,8 @@ class NodeAgent:
             entry["state"] = "exited"
         self.status = reason
         self.report()
-        self._remove_run_dir()
+        self.link.cleanup()
         sys.exit(0)
-
-    def _remove_run_dir(self) -> None:
-        if self.run_dir:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # -- courtesy ----------------------------------------------------------------------------
     def _start_watching(self) -> None:
@@ -598,7 +459,7 @@ class NodeAgent:
         from .telemetry import Courtesy, Telemetry
 
         self.watcher = Telemetry(os.getpid())
-        policy = self.spec.get("courtesy")
+        policy = self.spec.courtesy
         if policy is not None:  # only then does the first look decide whether to fork
             self.courtesy = Courtesy(IdlePolicy(**policy), time.monotonic())
             self._watch()
@@ -630,12 +491,12 @@ class NodeAgent:
         if not self.children and self.status in ("starting", "preloading"):
             self.status = "stopped"  # nothing forked yet: leave now, not after the import
             self.report()
-            self._remove_run_dir()
+            self.link.cleanup()
             os._exit(0)
         self.stopping = True
 
     def _on_hup(self, signum, frame) -> None:
-        self._hup = True
+        self.link.hup()
 
     def run(self) -> None:
         self.agent_pid = os.getpid()
@@ -650,8 +511,9 @@ class NodeAgent:
         self._lap("gc_freeze")
         self.start_service()
         self._start_watching()
-        self.read_control()
-        if not self.evicted:
+        self._poll(0)  # the control as it is now (a file link reads it the first time)
+        self.forking = True
+        if not self.evicted and not self.stopping:
             for rank in self.wanted:
                 if self.engines.get(str(rank), {}).get("state") != "running":
                     self.fork_engine(rank)
@@ -661,7 +523,9 @@ class NodeAgent:
         next_probe, misses = time.monotonic() + PROBE_EVERY_S, 0
         while not self.stopping:
             changed = self.reap()
-            changed |= self.read_control()
+            changed |= self._poll(POLL_S)
+            if self.stopping:
+                break
             if time.monotonic() >= next_probe:
                 next_probe = time.monotonic() + PROBE_EVERY_S
                 misses = 0 if self.controller_alive() else misses + 1
@@ -672,19 +536,18 @@ class NodeAgent:
                 changed = True  # a report every probe is the agent's heartbeat
             if changed:
                 self.report()
-            self._take_messages(POLL_S)
         self.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--stdio"]:  # the spec and everything after it come over stdin (see StdioLink)
-        NodeAgent(stdio=True).run()
+        NodeAgent(StdioLink()).run()
         return
     if len(argv) != 1:
         raise SystemExit("usage: python -m jupyter_lounge.node SPEC.json | --stdio")
     # One command for every task of a Slurm step: "{task}" is this task's number.
-    NodeAgent(argv[0].replace("{task}", os.environ.get("SLURM_PROCID", "0"))).run()
+    NodeAgent(FileLink(argv[0].replace("{task}", os.environ.get("SLURM_PROCID", "0")))).run()
 
 
 if __name__ == "__main__":

@@ -10,11 +10,11 @@ import contextlib
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
-from typing import Any
 
 from .errors import LoungeError
+from .paths import lounge_dir
+from .protocol import read_json, write_json  # noqa: F401 - the core's JSON files are atomic too
 from .trust import UntrustedPath, private_dir
 
 #: Cluster names: anchored with \Z, since ``$`` would also accept a trailing newline.
@@ -23,27 +23,6 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 class CorruptState(LoungeError):
     """A state file that cannot be read or parsed; ``lounge stop NAME --forget`` removes it."""
-
-
-def lounge_dir() -> Path:
-    """The root of all state: ``$JUPYTER_LOUNGE_DIR`` or ``<jupyter runtime dir>/lounge``;
-    made 0700 when missing, refused when someone else could change it."""
-    root = os.environ.get("JUPYTER_LOUNGE_DIR")
-    if not root:
-        from jupyter_core.paths import jupyter_runtime_dir
-
-        root = os.path.join(jupyter_runtime_dir(), "lounge")
-    root = os.path.abspath(os.path.expanduser(root))
-    if any(ord(c) < 32 or ord(c) == 127 for c in root):
-        raise LoungeError(
-            f"The lounge folder {root!r} has a control character in its path: set "
-            "JUPYTER_LOUNGE_DIR to a plain path."
-        )
-    try:
-        private_dir(root, "lounge folder")
-    except UntrustedPath as e:
-        raise LoungeError(str(e)) from None
-    return Path(root)
 
 
 def check_name(name: str) -> str:
@@ -67,32 +46,6 @@ def cluster_dir(name: str) -> Path:
 
 def state_path(name: str) -> Path:
     return lounge_dir() / f"{check_name(name)}.json"
-
-
-def write_json(path: Path | str, data: Any) -> None:
-    """Write JSON atomically with mode 0600: readers see the old or the new file, never half."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def read_json(path: Path | str) -> dict | None:
-    """The parsed file, or None when it is missing or caught mid-creation."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
 
 
 def save_state(name: str, data: dict) -> None:

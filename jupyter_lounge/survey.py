@@ -19,6 +19,7 @@ import time
 from . import state
 from .cluster import controller_alive
 from .errors import LoungeError
+from .protocol import read_report
 
 log = logging.getLogger(__name__)
 THIS_MACHINE = "this machine"
@@ -208,9 +209,8 @@ def engines_by_node(states: list[dict]) -> dict[str, int]:
         if data["backend"] not in ("local", "ssh") or not controller_alive(data):
             continue
         for agent in data.get("agents") or []:
-            report = state.read_json(agent["files"]["report"]) or {}
-            engines = (report.get("engines") or {}).values()
-            running = sum(1 for e in engines if e.get("state") == "running")
+            report = read_report(agent["files"]["report"])
+            running = report.running() if report is not None else 0
             node = THIS_MACHINE if data["backend"] == "local" else agent.get("node")
             counts[node] = counts.get(node, 0) + running
     return counts

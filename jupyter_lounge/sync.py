@@ -38,7 +38,7 @@ from . import envstore
 from .envstore import TreeHash
 from .errors import LoungeError
 from .procs import call
-from .state import read_json, write_json
+from .protocol import read_json, write_json
 
 KEEP = 2  # environments kept on a node: the new one and the one before
 
@@ -196,10 +196,11 @@ class _FanOut:
         pass
 
 
-def _node_command(backend, node, action: str, *args: str) -> list[str]:
-    """ssh to ``node``, running the node program (envstore) with the base Python."""
+def _node_command(ssh_command, node, action: str, *args: str) -> list[str]:
+    """ssh to ``node`` (``ssh_command(name)``: the ssh backend's), running the node program
+    (envstore) with the base Python."""
     return [
-        *backend.ssh_command(node.name),
+        *ssh_command(node.name),
         shlex.join(envstore.command(base_python(), action, *args)),
     ]
 
@@ -210,14 +211,15 @@ def _said(error: str) -> str:
     return said.splitlines()[-1] if said else "no answer"
 
 
-async def sync(backend, names: list[str] | None = None, force: bool = False) -> list[dict]:
-    """Make sure each node (default: all of the backend's) has this environment; return one row
-    per node: node, env, status ("present", "shipped" or "failed: why"), seconds, MiB."""
+async def sync(nodes: list, ssh_command, force: bool = False) -> list[dict]:
+    """Make sure each of these inventory nodes has this environment (reached with
+    ``ssh_command(name)``); return one row per node: node, env, status ("present", "shipped" or
+    "failed: why"), seconds, MiB."""
     fp, base = fingerprint(), base_python()
-    nodes = [backend.nodes[n] for n in (list(backend.nodes) if names is None else names)]
+    by_name = {node.name: node for node in nodes}
 
     async def check(node) -> tuple[str, str]:
-        cmd = _node_command(backend, node, "check", node.local_dir, fp)
+        cmd = _node_command(ssh_command, node, "check", node.local_dir, fp)
         try:
             out = await call(cmd, timeout=30, input=envstore.program())
         except LoungeError as e:
@@ -249,15 +251,14 @@ async def sync(backend, names: list[str] | None = None, force: bool = False) -> 
         rows[node.name] = row
     todo = [n for n in nodes if rows[n.name]["status"] == "absent"]
     if todo:
-        shipped = await asyncio.to_thread(_ship, backend, todo, fp)
+        shipped = await asyncio.to_thread(_ship, ssh_command, todo, fp)
         for name, (status, mib) in shipped.items():
             rows[name].update(status=status, MiB=mib)
     memory = _memory()
     for row in rows.values():
         row["seconds"] = round(time.monotonic() - t0, 1)
-        key = _key(backend.nodes[row["node"]])
+        key = _key(by_name[row["node"]])
         if row["status"] in ("present", "shipped"):
-            backend.pythons[row["node"]] = row["env"] + "/bin/python"
             memory[key] = fp
         else:
             memory.pop(key, None)
@@ -268,7 +269,7 @@ async def sync(backend, names: list[str] | None = None, force: bool = False) -> 
 # What this machine synced where: a ``--sync`` start trusts it instead of asking each node
 # again (the node program that starts the agent checks the environment is there, and ours).
 def _memory_path() -> Path:
-    from .state import lounge_dir
+    from .paths import lounge_dir
 
     return lounge_dir() / "synced.json"
 
@@ -281,16 +282,11 @@ def _key(node) -> str:
     return f"{node.user}@{node.host}:{node.port}:{node.local_dir}"
 
 
-def remembered(backend, names: list[str]) -> dict[str, str]:
-    """The nodes among ``names`` that this machine synced this very environment to: node ->
-    its fingerprint (their python is set on the backend)."""
-    fp, memory, found = fingerprint(), _memory(), {}
-    for name in names:
-        node = backend.nodes[name]
-        if memory.get(_key(node)) == fp:
-            found[name] = fp
-            backend.pythons[name] = env_dir(node.local_dir, fp) + "/bin/python"
-    return found
+def remembered(nodes: list) -> dict[str, str]:
+    """The nodes among these that this machine synced this very environment to: node name ->
+    its fingerprint."""
+    fp, memory = fingerprint(), _memory()
+    return {node.name: fp for node in nodes if memory.get(_key(node)) == fp}
 
 
 def launch_command(node, fp: str) -> str:
@@ -300,13 +296,13 @@ def launch_command(node, fp: str) -> str:
     return shlex.join(envstore.command(base_python(), "launch", node.local_dir, fp))
 
 
-def _ship(backend, nodes, fp: str, write=write_tar, keep: int = KEEP) -> dict[str, tuple[str, int]]:
+def _ship(ssh_command, nodes, fp: str, write=write_tar, keep: int = KEEP) -> dict:
     """Send what ``write(out, tree)`` writes to every node at once, as environment ``fp``;
     node -> (status, MiB)."""
     procs = {}
     for node in nodes:
         procs[node.name] = subprocess.Popen(
-            _node_command(backend, node, "receive", node.local_dir, fp, str(keep)),
+            _node_command(ssh_command, node, "receive", node.local_dir, fp, str(keep)),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -64,9 +64,9 @@ def sender(root: Path, damage: bool = False, stop_after: int | None = None):
 
 
 def ship(here, root, fp=FP, keep=2, **how) -> tuple[str, int]:
-    return sync._ship(here, list(here.nodes.values()), fp, write=sender(root, **how), keep=keep)[
-        "here"
-    ]
+    return sync._ship(
+        here.ssh_command, list(here.nodes.values()), fp, write=sender(root, **how), keep=keep
+    )["here"]
 
 
 def leftovers(local: Path) -> list[str]:

@@ -258,15 +258,17 @@ class SlurmBackend(Configurable, Backend):
             return "pending", f"Slurm job {job} pending: {reason}"
         if state not in RUNNING:
             return "lost", f"Slurm job {job} is {state}: {reason}"
-        from ..state import read_json
+        from ..protocol import read_report
 
-        report = read_json(agent["files"]["report"]) or {}
-        if report.get("status") in ("stopped", "failed", "controller-lost"):
-            return "lost", f"its agent has {report['status']} (Slurm job {job} is {state})"
+        report = read_report(agent["files"]["report"])
+        if report is None:
+            return "alive", ""
+        if report.status in ("stopped", "failed", "controller-lost"):
+            return "lost", f"its agent has {report.status} (Slurm job {job} is {state})"
         # An agent reports every 2 s, except while it imports the preload modules (one long
         # call, slower still on a busy node): then only the start's own timeout applies.
-        silent = time.time() - report.get("time", 0)
-        if report and silent > (300 if report.get("status") == "preloading" else 15):
+        silent = time.time() - report.time
+        if silent > (300 if report.status == "preloading" else 15):
             return "lost", f"its node stopped answering (no report for {silent:.0f} s)"
         return "alive", ""
 

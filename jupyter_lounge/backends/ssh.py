@@ -2,10 +2,10 @@
 each running that node's agent, which forks the node's engines.
 
 The nodes share no file system with this machine: each session is driven by a local relay
-(``jupyter_lounge.relay``) that sends the agent its spec, the connection file and every
-control change on the session's stdin, and writes the agent's reports from its stdout to the
-cluster's report file. The agent keeps its files in a private folder under the node's
-``local_dir``. Host keys are checked against known_hosts (``BatchMode``,
+(``ssh_relay.py``, this backend's local half) that sends the agent its spec, the connection
+file and every control change on the session's stdin, and writes the agent's reports from
+its stdout to the cluster's report file. The agent keeps its files in a private folder under
+the node's ``local_dir``. Host keys are checked against known_hosts (``BatchMode``,
 ``StrictHostKeyChecking=yes``).
 """
 
@@ -50,7 +50,6 @@ class SSHBackend(Backend):
 
         self.inventory = inventory.load(options.get("inventory"))
         self.nodes = {n.name: n for n in self.inventory.select(options.get("pool"))}
-        self.pythons: dict[str, str] = {}  # node -> its prepositioned python, after sync
 
     def plan(self, n: int, nodes: int | None) -> list[tuple[str | None, int]]:
         chosen = list(self.nodes.values())[: nodes or None]
@@ -69,7 +68,7 @@ class SSHBackend(Backend):
         return plan
 
     def spec_for(self, node: str | None) -> dict:
-        """The node-local folder its agent keeps its files in (see relay.py)."""
+        """The node-local folder its agent keeps its files in (see ssh_relay.py)."""
         return {"local_dir": self.nodes[node].local_dir} if node in self.nodes else {}
 
     def courtesy_for(self, node: str | None) -> dict | None:
@@ -130,7 +129,8 @@ class SSHBackend(Backend):
         started after it run the prepositioned python."""
         from ..sync import sync
 
-        return await sync(self, names, force)
+        nodes = [self.nodes[n] for n in (list(self.nodes) if names is None else names)]
+        return await sync(nodes, self.ssh_command, force)
 
     async def place(self, agents: list[dict], cdir: Path, cluster: str) -> None:
         from .. import sync
@@ -140,7 +140,7 @@ class SSHBackend(Backend):
             import warnings
 
             names = sorted({a["node"] for a in agents})
-            synced = sync.remembered(self, names)  # synced before with this very environment
+            synced = sync.remembered([self.nodes[n] for n in names])  # this very environment
             unknown = [n for n in names if n not in synced]
             for row in await self.sync(unknown) if unknown else []:
                 if row["status"].startswith("failed"):
@@ -153,7 +153,12 @@ class SSHBackend(Backend):
                     synced[row["node"]] = row["env"].rsplit("/", 1)[-1]
         for agent in agents:
             node = self.nodes[agent["node"]]
-            relay = [sys.executable, "-m", "jupyter_lounge.relay", agent["files"]["spec"]]
+            relay = [
+                sys.executable,
+                "-m",
+                "jupyter_lounge.backends.ssh_relay",
+                agent["files"]["spec"],
+            ]
             if node.name in synced:
                 # the node program checks the env's folders, then becomes its agent
                 python = sync.env_dir(node.local_dir, synced[node.name]) + "/bin/python"

@@ -220,7 +220,7 @@ class DaskEngines(EngineKind):
 
         from distributed import Worker
 
-        from ..state import read_json
+        from ..protocol import read_json
 
         address = read_json(connection_file)["address"]
         tls = address.startswith("tls://")
@@ -269,7 +269,7 @@ class DaskEngines(EngineKind):
     def _connect(self, cdir: Path, timeout: float) -> Any:
         from distributed import Client
 
-        from ..state import read_json
+        from ..protocol import read_json
 
         address = (read_json(cdir / "scheduler.json") or {}).get("address", "")
         return Client(

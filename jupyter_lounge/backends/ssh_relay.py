@@ -1,16 +1,17 @@
-"""The local end of a node agent reached over SSH, for nodes that share no file system.
+"""The local half of the ssh backend: one relay per node agent reached over SSH.
 
-``python -m jupyter_lounge.relay SPEC.json [--program] -- ssh ... -- node COMMAND``
+``python -m jupyter_lounge.backends.ssh_relay SPEC.json [--program] -- ssh ... -- node COMMAND``
 
 (``--program``: the command is envstore's bootstrap, which first reads the node program from
 the session's stdin, then starts the agent of a synced environment.)
 
 The relay runs here, beside the controller, in the agent's place: the cluster reads and writes
 the same spec, control and report files as for any other agent, and the relay carries them
-over the SSH session's stdin and stdout (so no connection info is ever on a command line, and
-nothing needs a shared file system):
+over the SSH session's stdin and stdout as lines of the agent protocol (``protocol.py``; the
+agent's end is its ``StdioLink``), so no connection info is ever on a command line, and
+nothing needs a shared file system:
 
-* to the agent, as JSON lines: the spec first; the connection file (and, for Dask, the
+* to the agent: the spec first; the connection file (and, for Dask, the
   cluster CA's certificate and the workers' certificate and key) once the controller has
   written it; the control file
   whenever it changes (polled, and at once on SIGHUP);
@@ -22,7 +23,6 @@ period. The relay exits when the session ends, with its exit code.
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
@@ -31,7 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-from .state import read_json, write_json
+from .. import protocol
+from ..protocol import Control, ProtocolError, Report, read_json
 
 POLL_S = 0.2
 STOP_GRACE_S = 8.0
@@ -39,7 +40,7 @@ STOP_GRACE_S = 8.0
 
 class Relay:
     def __init__(self, spec_path: str, ssh: list[str], program: bool = False):
-        self.spec = read_json(spec_path)
+        self.spec = protocol.read_spec(spec_path)
         if self.spec is None:
             raise SystemExit(f"relay: cannot read spec file {spec_path}")
         self.ssh = ssh
@@ -50,22 +51,22 @@ class Relay:
         self.term_at: float | None = None
         self.stop_sent = False
 
-    def send(self, message: dict) -> None:
+    def send(self, kind: str, payload) -> None:
         try:
-            self.proc.stdin.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+            self.proc.stdin.write(protocol.encode(kind, payload))
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError, OSError):
             pass  # the session ended; the loop sees it on stdout
 
     def connection_files(self) -> dict | None:
         """The files an agent needs to reach the controller, once they all exist."""
-        path = Path(self.spec["connection_file"])
+        path = Path(self.spec.connection_file)
         if read_json(path) is None:
             return None
         files = {"connection.json": path.read_text()}
-        tls_dir = (self.spec.get("engine_options") or {}).get("tls_dir")
-        if tls_dir and self.spec.get("engine_kind") == "dask":  # ipyparallel's keys are in it
-            from .engines.dask import NODE_FILES  # the CA and the workers' own: not the client's
+        tls_dir = self.spec.engine_options.get("tls_dir")
+        if tls_dir and self.spec.engine_kind == "dask":  # ipyparallel's keys are in it
+            from ..engines.dask import NODE_FILES  # the CA and the workers' own: not the client's
 
             for name in NODE_FILES:
                 files[name] = (Path(tls_dir) / name).read_text()
@@ -73,14 +74,14 @@ class Relay:
 
     def forward_control(self) -> None:
         try:
-            mtime = os.stat(self.spec["control_file"]).st_mtime
+            mtime = os.stat(self.spec.control_file).st_mtime
         except FileNotFoundError:
             return
         if mtime != self.control_mtime or self.hup:
             self.control_mtime, self.hup = mtime, False
-            control = read_json(self.spec["control_file"])
+            control = protocol.read_control(self.spec.control_file)
             if control is not None:
-                self.send({"control": control})
+                self.send("control", control)
 
     def run(self) -> int:
         signal.signal(signal.SIGHUP, lambda *_: setattr(self, "hup", True))
@@ -88,23 +89,23 @@ class Relay:
         signal.signal(signal.SIGINT, self._on_term)
         self.proc = subprocess.Popen(self.ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         if self.program:
-            from .envstore import program
+            from ..envstore import program
 
             try:
                 self.proc.stdin.write(program())
             except (BrokenPipeError, OSError):
                 pass  # the session ended; the loop sees it on stdout
-        self.send({"spec": self.spec})
+        self.send("spec", self.spec)
         out, buf = self.proc.stdout.fileno(), b""
         while True:
             if not self.files_sent:
                 files = self.connection_files()
                 if files is not None:
-                    self.send({"files": files})
+                    self.send("files", files)
                     self.files_sent = True
             self.forward_control()
             if self.term_at is not None and not self.stop_sent:
-                self.send({"control": {"stop": True}})
+                self.send("control", Control(stop=True))
                 self.stop_sent = True
             if self.term_at is not None and time.monotonic() - self.term_at > STOP_GRACE_S:
                 self.proc.kill()
@@ -120,11 +121,13 @@ class Relay:
             *lines, buf = (buf + chunk).split(b"\n")
             for line in lines:
                 try:
-                    report = json.loads(line)
-                except ValueError:
-                    continue
-                try:
-                    write_json(self.spec["report_file"], report)
+                    kind, payload = protocol.decode(line)
+                    if kind != "report":
+                        continue
+                    protocol.write_report(self.spec.report_file, Report.from_dict(payload))
+                except ProtocolError as e:  # an agent of another version: the cluster says so
+                    failed = Report(status="failed", error=f"The node agent sent {e}.")
+                    protocol.write_report(self.spec.report_file, failed)
                 except OSError:  # a full disk: the next report may get through
                     pass
 
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         del argv[1]
     if len(argv) < 3 or argv[1] != "--":
         raise SystemExit(
-            "usage: python -m jupyter_lounge.relay SPEC.json [--program] -- SSH COMMAND..."
+            "usage: python -m jupyter_lounge.backends.ssh_relay SPEC.json [--program] -- SSH ..."
         )
     sys.exit(Relay(argv[0], argv[2:], program).run())
 
