@@ -724,7 +724,7 @@ def _courtesy_policy(courtesy) -> dict | None:
     """The idle policy the node agents follow (see telemetry.Courtesy), or None: no yielding."""
     from dataclasses import asdict
 
-    from .inventory import IDLE_KEYS, IdlePolicy
+    from .telemetry import IDLE_KEYS, IdlePolicy
 
     if courtesy is None or courtesy is False:
         return None

@@ -219,8 +219,11 @@ def format_nodes(args: argparse.Namespace) -> str:
     if args.live:
         from ._loop import run_sync
         from .backends.ssh import SSHBackend
+        from .survey import ask_lounge
 
-        rows = run_sync(SSHBackend(inventory=str(inv.path), pool=args.pool).survey())
+        rows = run_sync(ask_lounge(SSHBackend(inventory=str(inv.path), pool=args.pool)))
+        if not args.json:
+            rows = [node_cells(row) for row in rows]
         columns = ["name", "host", "state", "cpu", "mem", "gpu", "users", "pools", "why"]
     else:
         rows = [r for r in inv.rows() if r["name"] in names]
@@ -228,6 +231,16 @@ def format_nodes(args: argparse.Namespace) -> str:
     if args.json:
         return json.dumps(rows, indent=1)
     return f"{inv.path}:\n" + format_table(rows, columns)
+
+
+def node_cells(row: dict) -> dict:
+    """A node row (``survey``'s shape) as table cells."""
+    return {
+        **row,
+        "gpu": ",".join(f"{g['util_percent']}%" for g in row["gpus"]),
+        "users": ",".join(row["users"]),
+        "pools": ",".join(row["pools"]),
+    }
 
 
 def format_sync(args: argparse.Namespace) -> str:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from .errors import LoungeError
+from .telemetry import IDLE_KEYS, IdlePolicy
 
 DEFAULT_PATH = "~/.config/jupyter_lounge/lounge.toml"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
@@ -43,15 +44,6 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 HOST_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:%-]*\Z")
 #: A login name on a node (POSIX portable names, and '$' for machine accounts).
 USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\$?\Z")
-
-
-@dataclass(frozen=True)
-class IdlePolicy:
-    cpu_percent: float = 20.0
-    gpu_percent: float = 10.0
-    for_seconds: float = 30.0
-    idle_after_seconds: float = 300.0
-    probe: str = ""  # a command whose exit code 0 means "in use"
 
 
 @dataclass(frozen=True)
@@ -71,7 +63,6 @@ class Node:
 
 
 NODE_KEYS = {f.name: f.type for f in fields(Node) if f.name not in ("idle",)}
-IDLE_KEYS = {f.name for f in fields(IdlePolicy)}
 TOP_KEYS = {"defaults", "idle", "pools", "node"}
 
 

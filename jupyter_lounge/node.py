@@ -455,8 +455,7 @@ class NodeAgent:
 
     # -- courtesy ----------------------------------------------------------------------------
     def _start_watching(self) -> None:
-        from .inventory import IdlePolicy
-        from .telemetry import Courtesy, Telemetry
+        from .telemetry import Courtesy, IdlePolicy, Telemetry
 
         self.watcher = Telemetry(os.getpid())
         policy = self.spec.courtesy

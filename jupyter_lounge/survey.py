@@ -1,9 +1,12 @@
-"""What the sidebar shows of the machines: this one's telemetry, the lounge inventory's nodes
-(asked over SSH), and which backends can be used here.
+"""Every survey of the machines, in one place: this one's telemetry, the lounge inventory's
+nodes asked over SSH (``ask_lounge``, for ``lounge nodes --live`` and the sidebar), the
+engines running per node, and which backends can be used here. One row shape for a node,
+whoever asks.
 
-Answers are cached for a few seconds and never block the caller's event loop: sampling and
-commands run in threads, the SSH survey as subprocesses in the background. A request gets the
-last survey while the next one is under way; only the first one waits for it.
+``MachineSurvey`` is the server's: answers are cached for a few seconds and never block the
+caller's event loop (sampling and commands run in threads, the SSH survey as subprocesses in
+the background). A request gets the last survey while the next one is under way; only the
+first one waits for it.
 """
 
 from __future__ import annotations
@@ -92,8 +95,7 @@ class MachineSurvey:
         return dict(self._here[1])
 
     def _sample_here(self) -> dict:
-        from .inventory import IdlePolicy
-        from .telemetry import Telemetry, snapshot
+        from .telemetry import IdlePolicy, Telemetry, snapshot
 
         with self._sampling:
             if self._telemetry is None:  # CPU is measured between two looks
@@ -138,9 +140,9 @@ class MachineSurvey:
         from .backends.ssh import SSHBackend
 
         try:
-            backend = SSHBackend(inventory=key[0])
-            rows = await backend.survey(timeout=self.survey_timeout)
-            rows = [_lounge_row(backend.nodes[r["name"]], r) for r in rows]
+            rows = await ask_lounge(SSHBackend(inventory=key[0]), timeout=self.survey_timeout)
+            for row in rows:
+                del row["telemetry"]
         except LoungeError as e:  # a broken inventory: GET backends says why
             log.warning("jupyter_lounge: no lounge nodes: %s", e)
             rows = []
@@ -163,21 +165,41 @@ def _gpus(sample: dict) -> list[dict]:
     ]
 
 
-def _lounge_row(node, row: dict) -> dict:
-    """A survey row (``SSHBackend.survey``) in the REST API's shape."""
+async def ask_lounge(backend, timeout: float = 20.0) -> list[dict]:
+    """Every node of the ssh backend, asked over SSH at once: one row each, idle or in use
+    (by its own idle policy, and why) from one telemetry sample, or offline and why."""
+    import json
+    import shlex
+
+    from .procs import call
+
+    async def one(node) -> dict:
+        remote = shlex.join([node.python, "-m", "jupyter_lounge.telemetry"])
+        try:
+            out = await call([*backend.ssh_command(node.name), remote], timeout=timeout)
+            sample = json.loads(out.strip().splitlines()[-1])
+        except (LoungeError, ValueError, IndexError) as e:
+            sample, error = None, str(e).rsplit("`", 1)[-1].strip()[:200]
+        return _lounge_row(node, sample, error if sample is None else "")
+
+    return list(await asyncio.gather(*(one(n) for n in backend.nodes.values())))
+
+
+def _lounge_row(node, sample: dict | None, error: str) -> dict:
+    """A lounge node as every face shows it (``telemetry``: the sample it sent, if any)."""
     out = {
         "name": node.name,
         "host": node.host,
         "backend": "ssh",
         "state": "offline",
-        "why": _last_words(row.get("why")) or "it did not answer",
+        "why": _last_words(error) or "it did not answer",
         "cpu": None,
         "mem": None,
         "gpus": [],
         "users": [],
         "pools": list(node.pools),
+        "telemetry": sample,
     }
-    sample = row.get("telemetry")
     if sample:
         from .telemetry import snapshot
 

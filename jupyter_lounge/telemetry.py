@@ -11,9 +11,21 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 
-from .inventory import IdlePolicy
+
+@dataclass(frozen=True)
+class IdlePolicy:
+    """When a PC counts as in use (the inventory's ``[idle]`` tables, ``--courtesy``)."""
+
+    cpu_percent: float = 20.0
+    gpu_percent: float = 10.0
+    for_seconds: float = 30.0
+    idle_after_seconds: float = 300.0
+    probe: str = ""  # a command whose exit code 0 means "in use"
+
+
+IDLE_KEYS = {f.name for f in fields(IdlePolicy)}
 
 
 class Telemetry:

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_lounge import Lounge, state
-from jupyter_lounge.inventory import IdlePolicy
-from jupyter_lounge.telemetry import Courtesy, Telemetry
+from jupyter_lounge.telemetry import Courtesy, IdlePolicy, Telemetry
 
 from .conftest import inventory_for_testbed, slurm_testbed_problem, wait_until
 

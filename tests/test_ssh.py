@@ -126,8 +126,9 @@ def test_lounge_nodes_live_asks_every_node(lounge_toml):
         rows = {r["name"]: r for r in json.loads(out.stdout)}
     finally:
         subprocess.run([str(infra / "logout-node"), "2"], timeout=30)
-    assert rows["node2"]["state"] == "in use (ana logged in)"
-    assert rows["node2"]["telemetry"]["users"] == ["ana"]
+    # one row shape for a node, here and in the REST API (GET nodes)
+    assert rows["node2"]["state"] == "in use" and rows["node2"]["why"] == "ana logged in"
+    assert rows["node2"]["users"] == rows["node2"]["telemetry"]["users"] == ["ana"]
     assert rows["node1"]["state"] == "idle" and rows["node3"]["state"] == "idle"
     assert 0 <= rows["node1"]["cpu"] <= 100 and rows["node1"]["mem"] > 0
     assert rows["pc-off"]["state"] == "offline"

@@ -12,8 +12,6 @@ the node's ``local_dir``. Host keys are checked against known_hosts (``BatchMode
 from __future__ import annotations
 
 import asyncio
-import json
-import shlex
 import socket
 import sys
 from pathlib import Path
@@ -186,33 +184,3 @@ class SSHBackend(Backend):
         if ours(agent.get("pid"), agent.get("start")):
             return "alive", ""
         return "lost", f"the SSH session to {agent.get('host')} ended"
-
-    async def survey(self, timeout: float = 20.0) -> list[dict]:
-        """Every node's live state, asked over SSH at once: idle, in use (why), or offline."""
-        from ..procs import call
-
-        async def one(node) -> dict:
-            row = {"name": node.name, "host": node.host, "pools": ",".join(node.pools)}
-            remote = shlex.join([node.python, "-m", "jupyter_lounge.telemetry"])
-            try:
-                out = await call([*self.ssh_command(node.name), remote], timeout=timeout)
-                sample = json.loads(out.strip().splitlines()[-1])
-            except (LoungeError, ValueError, IndexError) as e:
-                return {**row, "state": "offline", "why": str(e).rsplit("`", 1)[-1].strip()[:200]}
-            from dataclasses import asdict  # noqa: F401 - policy is the node's own
-
-            from ..telemetry import snapshot
-
-            state, why = snapshot(node.idle, sample)
-            return {
-                **row,
-                "state": f"{state} ({why})" if why else state,
-                "cpu": sample["cpu_percent"],
-                "mem": sample["memory_percent"],
-                "gpu": ",".join(f"{g['util_percent']}%" for g in sample["gpus"]),
-                "users": ",".join(sample["users"]),
-                "why": "",
-                "telemetry": sample,
-            }
-
-        return list(await asyncio.gather(*(one(n) for n in self.nodes.values())))
