@@ -190,7 +190,7 @@ def format_status(status: dict) -> str:
         head
         + "\n"
         + format_table(
-            status["nodes"],
+            status["nodes_status"],
             [
                 "node",
                 "status",
@@ -265,7 +265,7 @@ def format_list(rows: list[dict]) -> str:
     for r in rows:
         r["age"] = time.strftime("%H:%M:%S", time.gmtime(r["age_s"]))
     return format_table(
-        rows, ["name", "engines", "backend", "n", "nodes", "status", "age", "preload", "note"]
+        rows, ["name", "engines", "backend", "n", "nodes", "status", "age", "preload", "error"]
     )
 
 

@@ -15,13 +15,13 @@ def _jupyter_server_extension_points() -> list[dict]:
 
 def _load_jupyter_server_extension(serverapp) -> None:
     from ..config import use_server_config
-    from ..manager import ClusterManager
     from .handlers import MANAGER, routes
+    from .session import ServerSession
 
     use_server_config(serverapp.config)  # c.Lounge.max_engines in jupyter_server_config.py
 
     web_app = serverapp.web_app
     base_url = web_app.settings["base_url"]
-    web_app.settings[MANAGER] = ClusterManager()  # one per server: it keeps the clients
+    web_app.settings[MANAGER] = ServerSession()  # one per server: it keeps the clients
     web_app.add_handlers(".*$", routes(base_url))
     serverapp.log.info("jupyter_lounge: REST API under %sjupyter-lounge/", base_url)

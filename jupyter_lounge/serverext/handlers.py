@@ -1,4 +1,4 @@
-"""HTTP only: each handler turns one route of docs/rest-api.md into a ClusterManager call.
+"""HTTP only: each handler turns one route of docs/rest-api.md into a ServerSession call.
 
 Every verb needs Jupyter's auth (``web.authenticated``, then ``authorized`` on the resource
 ``lounge``), so a request without a token or cookie gets 403, and writes need XSRF like the
@@ -18,7 +18,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 
 from ..errors import LoungeError, NoSuchCluster
-from ..manager import ClusterManager
+from .session import ServerSession
 
 MANAGER = "jupyter_lounge_manager"  # its key in the web app's settings
 AUTH_RESOURCE = "lounge"
@@ -43,7 +43,7 @@ class LoungeHandler(APIHandler):
     auth_resource = AUTH_RESOURCE
 
     @property
-    def manager(self) -> ClusterManager:
+    def manager(self) -> ServerSession:
         return self.settings[MANAGER]
 
     def reply(self, status: int, body: Any = None) -> None:
