@@ -84,7 +84,7 @@ def run_ours(n: int, way: str, notes: list[str]) -> tuple[float, float]:
 
     engines = "dask" if way == "ours-dask" else "ipyparallel"
     t0 = time.perf_counter()
-    c = Lounge(n, engines=engines, preload=["tensorflow"], progress=False, wait=True, timeout=600)
+    c = Lounge(n, engines=engines, preload=["tensorflow"], wait=True, timeout=600)
     try:
         c.start_sync()
         run_everywhere(c.client, tf_op, n)

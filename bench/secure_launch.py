@@ -41,7 +41,7 @@ def tf_op():
 
 from jupyter_lounge import Lounge
 t0 = time.perf_counter()
-c = Lounge(n, engines=kind, tls=tls, preload=["tensorflow"], wait=True, progress=False,
+c = Lounge(n, engines=kind, tls=tls, preload=["tensorflow"], wait=True,
            timeout=600)
 try:
     c.start_sync()

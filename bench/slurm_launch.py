@@ -125,7 +125,7 @@ def run_ours(rec: dict, mark: str, way: str, per_node: int, notes: list[str]) ->
 
     kind = "dask" if way == "ours-dask" else "ipyparallel"
     opts = dict(engines=kind, backend="slurm", engines_per_node=per_node, name=mark)
-    c = Lounge(rec["n"], preload=["tensorflow"], progress=False, wait=True, timeout=TIMEOUT, **opts)
+    c = Lounge(rec["n"], preload=["tensorflow"], wait=True, timeout=TIMEOUT, **opts)
     time_ours(rec, way, c, tf_op, notes)
 
 

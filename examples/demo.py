@@ -56,7 +56,6 @@ def main() -> None:
         engines=args.kind,
         preload=["tensorflow", "sklearn"],
         wait=True,
-        progress=False,
         timeout=300,
     )
     lounge.start_sync()

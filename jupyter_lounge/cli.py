@@ -18,9 +18,7 @@ def run(argv: list[str]) -> int:
     if args.command == "help":
         print(commands.usage("lounge"))
     elif args.command == "start":
-        cluster = Cluster(
-            args.n, stop_at_exit=False, progress=False, **commands.start_options(args)
-        ).start_sync()
+        cluster = Cluster(args.n, stop_at_exit=False, **commands.start_options(args)).start_sync()
         print(f"Started {cluster.name}: {cluster.describe()}")
         print(
             f"Attach with: from jupyter_lounge import Lounge; lounge = Lounge.attach("

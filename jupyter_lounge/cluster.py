@@ -52,7 +52,6 @@ class Cluster:
         tls: bool = True,
         dashboard: bool = False,
         courtesy: dict | bool | None = None,
-        progress: bool | None = None,
         stop_at_exit: bool = True,
         **backend_options,
     ):
@@ -90,7 +89,6 @@ class Cluster:
             raise LoungeError("--dashboard is Dask's: add --engines dask, or leave it out.")
         self.dashboard = bool(dashboard)
         self.courtesy = _courtesy_policy(courtesy)
-        self.progress = progress
         self.stop_at_exit = stop_at_exit
         self.agents: list[dict] = []
         self.controller_pid: int | None = None
@@ -103,7 +101,22 @@ class Cluster:
         self.created = time.time()
         self.status = "new"
         self._client = None
-        self._display = None
+        self._watchers: list = []  # callables(cluster, event): how the faces follow it
+
+    # -- events ------------------------------------------------------------------------------
+    def watch(self, callback) -> None:
+        """Call ``callback(cluster, event)`` on each event: ``"placed"`` (agents were placed or
+        given new ranks: a start or a scale; engines are on their way), ``"running"`` (started),
+        ``"stopped"``. The faces follow a cluster this way (the magic's launch progress); the
+        cluster itself shows nothing."""
+        self._watchers.append(callback)
+
+    def _emit(self, event: str) -> None:
+        for callback in list(self._watchers):
+            try:
+                callback(self, event)
+            except Exception:  # noqa: BLE001 - a face that fails must not fail the cluster
+                pass
 
     # -- persistence ---------------------------------------------------------------------------
     @property
@@ -239,7 +252,7 @@ class Cluster:
         if self.stop_at_exit:
             self._spawn_keeper()
         await self._place(self.n, self.nodes)
-        self._show_progress()
+        self._emit("placed")
         files = self.kind.connection_files(cdir)  # engines' and client's (may be one file)
         await self._wait_for(
             lambda: all(protocol.read_json(f) for f in files),
@@ -253,6 +266,7 @@ class Cluster:
         await self.wait_for_engines(self.n if self.wait else 1, self.timeout)
         self.status = "running"
         self.save()
+        self._emit("running")
 
     def _spawn_keeper(self) -> None:
         """A small process that stops this cluster if the process starting it (a kernel) dies,
@@ -391,10 +405,20 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise LoungeTimeout(
                     f"Timed out after {timeout:g} s waiting for {what} of "
-                    f"cluster {self.name!r} ({self.describe()}); raise "
+                    f"cluster {self.name!r} ({self._where_engines_are()}); raise "
                     f"--timeout or read the logs in {self.dir}."
                 )
             await asyncio.sleep(0.05)
+
+    def _where_engines_are(self) -> str:
+        """For a timeout's sentence: engines ready per node agent, and each agent's status."""
+        try:
+            rows = self.nodes_status()
+        except Exception:  # noqa: BLE001 - the sentence must not fail
+            return "status unknown"
+        ready = sum(r["ready"] for r in rows)
+        per_node = ", ".join(f"{r['node']}: {r['status']} {r['ready']}/{r['target']}" for r in rows)
+        return f"{ready}/{self.n} ready; {per_node}"
 
     async def wait_for_engines(self, n: int | None = None, timeout: float | None = None) -> None:
         """Return once ``n`` engines (default: all wanted) are registered."""
@@ -435,7 +459,10 @@ class Cluster:
         return self.kind.registered(self.client)
 
     def nodes_status(self) -> list[dict]:
-        """Per node agent: its node, status, engines ready and wanted."""
+        """Per node agent: its node, status (and ``why``: a pending job's reason, what made a
+        PC in use), engines ready and wanted, the agent's ``pid`` or Slurm ``job``, ``error``,
+        the node's ``cpu``/``mem`` percent, ``gpus`` and ``users``, and ``launch``: seconds per
+        launch phase. Data only: the faces render it."""
         ranks = {rank for _, rank in self.registered()}  # ranks are unique in a cluster
         rows = []
         self.absorb_retired()
@@ -443,29 +470,28 @@ class Cluster:
             report = _report(a) or protocol.Report()
             node = self._node_label(a, report)
             status, error = report.status, report.error
-            if status == "in use" and (report.courtesy or {}).get("reason"):
-                status = f"in use ({report.courtesy['reason']})"
+            why = (report.courtesy or {}).get("reason") if status == "in use" else None
             seen = report.telemetry or {}
-            how, why = self.backend.agent_state(a)
+            how, said = self.backend.agent_state(a)
             if how == "pending":
-                status = f"pending ({why})"
+                status, why = "pending", said
             elif how == "lost" and status != "failed":  # "stopped" by anyone but us is lost too
-                status, error = "lost", error or why
+                status, error = "lost", error or said
             rows.append(
                 {
                     "node": node,
                     "status": status,
+                    "why": why or None,
                     "ready": len(ranks.intersection(a["ranks"])),
                     "target": len(a["ranks"]),
-                    "agent": f"pid {a['pid']}" if a.get("pid") else f"job {a.get('job')}",
+                    "pid": a.get("pid"),
+                    "job": a.get("job"),
                     "error": error,
                     "cpu": seen.get("cpu_percent"),
                     "mem": seen.get("memory_percent"),
-                    "users": ",".join(seen.get("users", [])),
-                    "gpu": ",".join(f"{g['util_percent']}%" for g in seen.get("gpus", [])),
-                    "launch": ", ".join(
-                        f"{phase} {sec:.1f}s" for phase, sec in report.timings if sec >= 0.05
-                    ),
+                    "users": list(seen.get("users", [])),
+                    "gpus": list(seen.get("gpus", [])),
+                    "launch": [list(t) for t in report.timings],
                 }
             )
         return rows
@@ -508,20 +534,8 @@ class Cluster:
                 )
         return rows
 
-    def describe(self) -> str:
-        try:
-            rows = self.nodes_status()
-        except Exception:  # noqa: BLE001 - a description must not fail
-            return "status unknown"
-        ready = sum(r["ready"] for r in rows)
-        per_node = ", ".join(f"{r['node']}: {r['status']} {r['ready']}/{r['target']}" for r in rows)
-        return f"{ready}/{self.n} ready; {per_node}"
-
     def __repr__(self) -> str:
-        return (
-            f"<Lounge {self.name!r} {self.kind.name} on {self.backend.name}: "
-            f"{self.describe() if self.status == 'running' else self.status}>"
-        )
+        return f"<Lounge {self.name!r} {self.kind.name} on {self.backend.name}: {self.status}>"
 
     # -- scale and stop ------------------------------------------------------------------------
     async def scale(self, n: int) -> None:
@@ -547,7 +561,7 @@ class Cluster:
             await self._place(missing, None)  # a further allocation, never one per engine
         await self._release_empty()
         self.save()
-        self._show_progress()
+        self._emit("placed")
 
     async def interrupt(self) -> str:
         """Interrupt the running work on every engine; the cluster keeps running. Returns
@@ -622,6 +636,7 @@ class Cluster:
         if ours_to_remove:
             state.remove_state(self.name)
         self.status = "stopped"
+        self._emit("stopped")
         global _current
         if _current is self:
             _current = None
@@ -647,14 +662,6 @@ class Cluster:
 
     def execute(self, code: str, timeout: float | None = None) -> None:
         self.kind.execute(self.client, code, timeout)
-
-    def _show_progress(self) -> None:
-        if self.progress is False:
-            return
-        from .widgets import LaunchProgress
-
-        if self._display is None or self._display.done:
-            self._display = LaunchProgress(self, use_widget=self.progress)
 
     def job_script(self) -> str:
         """The batch script ``start`` (or the next scale-up) submits, for backends that

@@ -5,7 +5,6 @@ In a notebook it is an ipywidgets panel; elsewhere, one line printed per change.
 
 from __future__ import annotations
 
-import threading
 import time
 
 
@@ -20,7 +19,9 @@ def _in_notebook() -> bool:
 
 
 class LaunchProgress:
-    """Watches a cluster from a background thread for at most ``timeout`` seconds."""
+    """Follows a cluster's launch (a watcher: ``cluster.watch(LaunchProgress(cluster))``): on
+    each ``"placed"`` event it looks at ``nodes_status`` every ``interval`` seconds, on the
+    lounge's own event loop, until every engine is in, the cluster stops, or ``timeout``."""
 
     def __init__(
         self,
@@ -35,12 +36,22 @@ class LaunchProgress:
         self.done = False
         self.widget = None
         self._last = ""
+        self._following = None
         if use_widget is None:
             use_widget = _in_notebook()
         if use_widget:
             self._make_widget()
-        self._thread = threading.Thread(target=self._run, name="lounge-progress", daemon=True)
-        self._thread.start()
+
+    def __call__(self, cluster, event: str) -> None:
+        if event == "stopped":
+            self.done = True
+        elif event == "placed" and (self._following is None or self._following.done()):
+            import asyncio
+
+            from ._loop import _background_loop
+
+            self.done = False
+            self._following = asyncio.run_coroutine_threadsafe(self._follow(), _background_loop())
 
     def _make_widget(self) -> None:
         import ipywidgets as w
@@ -65,6 +76,8 @@ class LaunchProgress:
         return self._bars[node]
 
     def render(self, rows: list[dict]) -> str:
+        from .faces import node_state
+
         ready = sum(r["ready"] for r in rows)
         target = sum(r["target"] for r in rows)
         title = f"{self.cluster.name}: {ready}/{target} engines ready"
@@ -79,30 +92,31 @@ class LaunchProgress:
                     if r["status"] in ("failed", "lost")
                     else ("success" if r["ready"] >= r["target"] else "info")
                 )
-                label.value = f"{r['ready']}/{r['target']} {r['status']}"
-        text = (
+                label.value = f"{r['ready']}/{r['target']} {node_state(r)}"
+        return (
             title
             + " ("
-            + ", ".join(f"{r['node']} {r['ready']}/{r['target']} {r['status']}" for r in rows)
+            + ", ".join(f"{r['node']} {r['ready']}/{r['target']} {node_state(r)}" for r in rows)
             + ")"
         )
-        return text
 
-    def _run(self) -> None:
+    async def _follow(self) -> None:
+        import asyncio
+
         deadline = time.monotonic() + self.timeout
-        try:
-            while time.monotonic() < deadline and self.cluster.status in ("starting", "running"):
-                try:
-                    rows = self.cluster.nodes_status()
-                except Exception:  # noqa: BLE001 - the controller may still be starting
-                    rows = []
-                if rows:
-                    text = self.render(rows)
-                    if self.widget is None and text != self._last:
-                        print(text, flush=True)
-                    self._last = text
-                    if all(r["ready"] >= r["target"] for r in rows):
-                        break
-                time.sleep(self.interval)
-        finally:
-            self.done = True
+        while not self.done and time.monotonic() < deadline:
+            if self.cluster.status not in ("starting", "running"):
+                break
+            try:
+                rows = await asyncio.to_thread(self.cluster.nodes_status)
+            except Exception:  # noqa: BLE001 - the controller may still be starting
+                rows = []
+            if rows:
+                text = self.render(rows)
+                if self.widget is None and text != self._last:
+                    print(text, flush=True)
+                self._last = text
+                if all(r["ready"] >= r["target"] for r in rows):
+                    break
+            await asyncio.sleep(self.interval)
+        self.done = True

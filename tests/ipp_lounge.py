@@ -84,7 +84,7 @@ def lounge_setup() -> None:
     with open(os.path.join(default, "ipengine_config.py"), "w") as f:
         f.write('c.InteractiveShell.colors = "nocolor"\n')
     # their tests expect a quick heartbeat (their controller runs with --ping=250)
-    _cluster = Lounge(1, engines="ipyparallel", progress=False, wait=True, heartbeat_ms=250)
+    _cluster = Lounge(1, engines="ipyparallel", wait=True, heartbeat_ms=250)
     _cluster.start_sync()
     security = os.path.join(get_ipython_dir(), "profile_iptest", "security")
     os.makedirs(security, exist_ok=True)

@@ -40,9 +40,7 @@ def kind(request):
 
 
 def test_start_map_scale_stop(kind, backend, lounge_dir):
-    cluster = Lounge(
-        3, engines=kind, nodes=2, preload="numpy", wait=True, progress=False, **backend
-    )
+    cluster = Lounge(3, engines=kind, nodes=2, preload="numpy", wait=True, **backend)
     cluster.start_sync()
     try:
         assert current() is cluster
@@ -77,7 +75,7 @@ def test_start_map_scale_stop(kind, backend, lounge_dir):
 
 
 def test_sweep_items_are_keyword_arguments(kind, backend):
-    cluster = Lounge(2, engines=kind, wait=True, progress=False, **backend).start_sync()
+    cluster = Lounge(2, engines=kind, wait=True, **backend).start_sync()
     try:
 
         def train(lr, layers):
@@ -97,7 +95,7 @@ def test_sweep_items_are_keyword_arguments(kind, backend):
 
 
 def test_engine_killed_mid_map_loses_nothing(kind, pids_of):
-    cluster = Lounge(3, engines=kind, wait=True, progress=False).start_sync()
+    cluster = Lounge(3, engines=kind, wait=True).start_sync()
     try:
         victim = pids_of(cluster)[0]
 
@@ -126,7 +124,7 @@ def test_engine_killed_mid_map_loses_nothing(kind, pids_of):
 
 
 def test_agent_killed_takes_its_engines_and_is_reported(kind, pids_of):
-    cluster = Lounge(4, engines=kind, nodes=2, wait=True, progress=False).start_sync()
+    cluster = Lounge(4, engines=kind, nodes=2, wait=True).start_sync()
     try:
         agent = cluster.agents[0]
         engines = [
@@ -156,7 +154,7 @@ def test_agent_killed_takes_its_engines_and_is_reported(kind, pids_of):
 
 
 def test_attach_from_another_process(kind, backend, lounge_dir):
-    cluster = Lounge(2, engines=kind, name="shared", wait=True, progress=False, **backend)
+    cluster = Lounge(2, engines=kind, name="shared", wait=True, **backend)
     cluster.start_sync()
     try:
         code = (
@@ -182,7 +180,7 @@ def test_attach_from_another_process(kind, backend, lounge_dir):
 
 
 def test_preload_failure_is_one_clear_error_and_cleans_up(kind, backend, lounge_dir):
-    cluster = Lounge(2, engines=kind, preload="json,no_such_module_xyz", progress=False, **backend)
+    cluster = Lounge(2, engines=kind, preload="json,no_such_module_xyz", **backend)
     with pytest.raises(LoungeError) as info:
         cluster.start_sync()
     message = str(info.value)
@@ -193,7 +191,7 @@ def test_preload_failure_is_one_clear_error_and_cleans_up(kind, backend, lounge_
 
 
 def test_timeout_names_what_it_waited_for(lounge_dir):
-    cluster = Lounge(2, preload="tensorflow", timeout=0.5, progress=False)
+    cluster = Lounge(2, preload="tensorflow", timeout=0.5)
     with pytest.raises(LoungeTimeout) as info:
         cluster.start_sync()
     message = str(info.value)
@@ -204,10 +202,10 @@ def test_timeout_names_what_it_waited_for(lounge_dir):
 
 
 def test_duplicate_name_and_unknown_names():
-    cluster = Lounge(1, name="dup", progress=False).start_sync()
+    cluster = Lounge(1, name="dup").start_sync()
     try:
         with pytest.raises(LoungeError, match="A cluster named 'dup' is already in use"):
-            Lounge(1, name="dup", progress=False).start_sync()
+            Lounge(1, name="dup").start_sync()
         assert len(cluster.registered()) == 1  # the running one was left alone
         with pytest.raises(LoungeError, match="No cluster named 'nope'"):
             Lounge.attach("nope")
@@ -220,9 +218,7 @@ def test_duplicate_name_and_unknown_names():
 
 
 def test_tensorflow_preloaded_runs_an_op_in_every_engine(kind):
-    cluster = Lounge(
-        3, engines=kind, preload="tensorflow", wait=True, progress=False, timeout=180
-    ).start_sync()
+    cluster = Lounge(3, engines=kind, preload="tensorflow", wait=True, timeout=180).start_sync()
     try:
         assert all("tensorflow" in m for m in run_everywhere(cluster, modules_seen))
 
@@ -249,7 +245,7 @@ def test_tensorflow_preloaded_runs_an_op_in_every_engine(kind):
 def test_controller_lost_takes_engines_down(kind, pids_of):
     from jupyter_lounge.procs import alive
 
-    cluster = Lounge(2, engines=kind, wait=True, progress=False).start_sync()
+    cluster = Lounge(2, engines=kind, wait=True).start_sync()
     try:
         engines = pids_of(cluster)
         assert len(engines) == 2 and all(e["registered"] for e in cluster.engines())
@@ -264,7 +260,7 @@ def test_controller_lost_takes_engines_down(kind, pids_of):
 
 
 def test_encrypted_and_signed_by_default(kind):
-    cluster = Lounge(2, engines=kind, wait=True, progress=False).start_sync()
+    cluster = Lounge(2, engines=kind, wait=True).start_sync()
     try:
         assert list(cluster.map(lambda x: -x, [1, 2], progress=False).result) == [-1, -2]
         engine_file = cluster.kind.connection_files(cluster.dir)[0]
@@ -287,7 +283,7 @@ def test_encrypted_and_signed_by_default(kind):
 
 
 def test_engines_report_per_engine_state(pids_of):
-    cluster = Lounge(3, nodes=2, wait=True, progress=False).start_sync()
+    cluster = Lounge(3, nodes=2, wait=True).start_sync()
     try:
         rows = cluster.engines()
         assert [r["rank"] for r in sorted(rows, key=lambda r: r["rank"])] == [0, 1, 2]
@@ -313,7 +309,7 @@ def test_preload_that_is_unsafe_to_fork_fails_loudly(
 ):
     (tmp_path / "unsafe_mod.py").write_text(source)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    cluster = Lounge(2, preload="unsafe_mod", progress=False)
+    cluster = Lounge(2, preload="unsafe_mod")
     with pytest.raises(LoungeError) as info:
         cluster.start_sync()
     assert expected in str(info.value) and "--preload" in str(info.value)
@@ -324,7 +320,7 @@ def test_async_api_in_a_running_loop():
     import asyncio
 
     async def main():
-        cluster = await Lounge(1, engines="dask", progress=False).start()
+        cluster = await Lounge(1, engines="dask").start()
         try:
             await cluster.scale(2)
             await cluster.wait_for_engines(2, timeout=60)
@@ -336,7 +332,7 @@ def test_async_api_in_a_running_loop():
 
 
 def test_interrupted_start_cleans_up(lounge_dir):
-    cluster = Lounge(2, preload="tensorflow", progress=False, wait=True)
+    cluster = Lounge(2, preload="tensorflow", wait=True)
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     with pytest.raises(KeyboardInterrupt):
@@ -350,7 +346,7 @@ def test_interrupted_start_cleans_up(lounge_dir):
 def test_each_engine_gets_its_own_gpu_and_identity():
     # This machine has no GPU: name two, so the pinning the agent does is visible in the
     # engines' environment (the GPU library reads it when first used, after the fork).
-    cluster = Lounge(5, gpus=["0", "1"], engines_per_gpu=2, wait=True, progress=False)
+    cluster = Lounge(5, gpus=["0", "1"], engines_per_gpu=2, wait=True)
     cluster.start_sync()
     try:
 
@@ -378,7 +374,7 @@ def test_each_engine_gets_its_own_gpu_and_identity():
 
 
 def test_stop_after_a_failed_start_and_twice_is_harmless(lounge_dir):
-    cluster = Lounge(1, preload="no_such_module_abc", progress=False)
+    cluster = Lounge(1, preload="no_such_module_abc")
     with pytest.raises(LoungeError):
         cluster.start_sync()
     cluster.stop_sync()

@@ -84,7 +84,7 @@ def test_a_person_logging_in_evicts_engines_without_losing_work(kind, where, tmp
     else:
         courtesy = {"for_seconds": 3, "idle_after_seconds": 4}
         options = {"backend": "slurm", "engines_per_node": 2, "courtesy": courtesy}
-    cluster = Lounge(6, engines=kind, wait=True, progress=False, **options).start_sync()
+    cluster = Lounge(6, engines=kind, wait=True, **options).start_sync()
     node = None
     try:
         node = cluster.nodes_status()[0]["node"]

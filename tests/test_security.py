@@ -215,7 +215,7 @@ def test_a_stranger_can_neither_reach_nor_read_a_cluster(kind, where, tmp_path, 
     options = backend_options(where, tmp_path)
     marker = f"tissue-sample-{uuid.uuid4().hex[:12]}"
     control = f"in-the-clear-{uuid.uuid4().hex[:12]}"
-    cluster = Lounge(4, engines=kind, nodes=2, wait=True, progress=False, **options)
+    cluster = Lounge(4, engines=kind, nodes=2, wait=True, **options)
     capture = Capture(tmp_path / "bridge.pcap") if where != "local" else None
     try:
         if capture:
@@ -254,7 +254,7 @@ def test_a_stranger_can_neither_reach_nor_read_a_cluster(kind, where, tmp_path, 
 def test_the_stranger_notices_an_open_door(kind, lounge_dir):
     """The control: with --no-tls (local only) the same stranger gets answers, so the test
     above could fail. (Dask without TLS even runs the stranger's code.)"""
-    cluster = Lounge(2, engines=kind, tls=False, wait=True, progress=False).start_sync()
+    cluster = Lounge(2, engines=kind, tls=False, wait=True).start_sync()
     try:
         pids = cluster_pids(cluster)
         ports = sorted({f"{ip}:{port}" for pid in pids for ip, port in listening(pid)})
@@ -279,7 +279,7 @@ def test_no_tls_is_for_this_machine_only(tmp_path):
 def test_the_dask_dashboard_is_off_unless_asked_then_on_loopback(lounge_dir):
     import urllib.request
 
-    cluster = Lounge(1, engines="dask", dashboard=True, wait=True, progress=False).start_sync()
+    cluster = Lounge(1, engines="dask", dashboard=True, wait=True).start_sync()
     try:
         info = state.read_json(cluster.dir / "scheduler.json")
         port = info["services"]["dashboard"]
@@ -326,7 +326,7 @@ CANARY = f"/tmp/lounge-injected-{uuid.uuid4().hex[:8]}"
 )
 def test_injected_values_are_refused_before_anything_runs(options, sentence, lounge_dir):
     with pytest.raises(LoungeError) as info:
-        Lounge(2, progress=False, **options).start_sync()
+        Lounge(2, **options).start_sync()
     message = str(info.value)
     assert sentence in message and "\n" not in message.replace("\\n", ""), message
     assert not os.path.exists(CANARY)
@@ -348,7 +348,7 @@ def test_injected_inventory_values_are_refused(node_line, sentence, tmp_path):
     inv = tmp_path / "lounge.toml"
     inv.write_text(f'[[node]]\nname = "pc1"\n{node_line}\n')
     with pytest.raises(LoungeError, match="line|number") as info:
-        Lounge(1, backend="ssh", inventory=str(inv), progress=False)
+        Lounge(1, backend="ssh", inventory=str(inv))
     assert sentence in str(info.value)
     assert not os.path.exists(CANARY)
 
@@ -373,7 +373,7 @@ def test_quoted_values_reach_the_node_as_data_not_commands(tmp_path, lounge_dir)
         'pools = ["odd-python"]\n'
     )
     options = {"backend": "ssh", "inventory": str(inv)}
-    cluster = Lounge(2, pool="odd-dir", wait=True, progress=False, **options)
+    cluster = Lounge(2, pool="odd-dir", wait=True, **options)
     try:
         cluster.start_sync()
         df = cluster.map(
@@ -383,7 +383,7 @@ def test_quoted_values_reach_the_node_as_data_not_commands(tmp_path, lounge_dir)
         assert (TESTBED / "local" / "node1" / odd.removeprefix("/var/local/") / "run").is_dir()
     finally:
         cluster.stop_sync()
-    other = Lounge(2, pool="odd-python", strict=True, wait=True, progress=False, **options)
+    other = Lounge(2, pool="odd-python", strict=True, wait=True, **options)
     with pytest.raises(LoungeError, match="node2"):  # its python is the literal odd path
         other.start_sync()
     assert not os.path.exists(CANARY)
@@ -415,19 +415,19 @@ def test_a_lounge_folder_someone_else_made_is_refused(tmp_path, monkeypatch):
     os.chown(planted, 65534, 65534)  # nobody made it first
     monkeypatch.setenv("JUPYTER_LOUNGE_DIR", str(planted))
     with pytest.raises(LoungeError, match=r"belongs to nobody \(uid 65534\), not to you"):
-        Lounge(1, progress=False).start_sync()
+        Lounge(1).start_sync()
     open_one = tmp_path / "open"
     open_one.mkdir(mode=0o700)
     open_one.chmod(0o777)
     monkeypatch.setenv("JUPYTER_LOUNGE_DIR", str(open_one))
     with pytest.raises(LoungeError, match=f"run `chmod go-w {open_one}`"):
-        Lounge(1, progress=False).start_sync()
+        Lounge(1).start_sync()
     linked = tmp_path / "linked"
     linked.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     (tmp_path / "elsewhere").mkdir(mode=0o700)
     monkeypatch.setenv("JUPYTER_LOUNGE_DIR", str(linked))
     with pytest.raises(LoungeError, match="is a symbolic link"):
-        Lounge(1, progress=False).start_sync()
+        Lounge(1).start_sync()
 
 
 def test_an_inventory_others_can_change_is_refused(tmp_path):
@@ -450,7 +450,7 @@ def test_a_symlinked_cluster_folder_is_refused_and_not_followed(lounge_dir, tmp_
     state.lounge_dir()  # made, ours
     (lounge_dir / "planted").symlink_to(target, target_is_directory=True)
     with pytest.raises(LoungeError, match="cluster folder .*planted is a symbolic link"):
-        Lounge(1, name="planted", progress=False).start_sync()
+        Lounge(1, name="planted").start_sync()
     assert (target / "keep.txt").read_text() == "theirs"  # not followed, not removed
     assert not any(p.suffix == ".json" for p in lounge_dir.iterdir())
 
@@ -471,7 +471,7 @@ def test_a_node_folder_another_user_made_is_refused_by_agent_and_sync(tmp_path, 
     Path(options["inventory"]).write_text(text)
     try:
         with pytest.raises(LoungeError, match="node 'node2' refuses its local_dir: The local_dir"):
-            Lounge(6, nodes=3, strict=True, wait=True, progress=False, **options).start_sync()
+            Lounge(6, nodes=3, strict=True, wait=True, **options).start_sync()
         assert state.list_states() == []
         cmd = [sys.executable, "-m", "jupyter_lounge.cli", "sync", "--pool", "planted"]
         cmd += ["--inventory", options["inventory"]]

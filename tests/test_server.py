@@ -317,7 +317,7 @@ async def test_a_start_deleted_at_once_leaves_nothing(jp_fetch, lounge_dir):
 
 
 async def test_a_cluster_of_another_process_shows_at_once(jp_fetch, manager, lounge_dir):
-    lounge = Lounge(2, name="kernel", progress=False)
+    lounge = Lounge(2, name="kernel")
     await asyncio.to_thread(lounge.start_sync)  # as a kernel would (its own loop)
     try:
         code, listing = await call(jp_fetch, "GET", "clusters")

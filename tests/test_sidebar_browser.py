@@ -248,7 +248,7 @@ def test_a_server_error_is_shown_in_the_sidebar(lab):
     from jupyter_lounge import Lounge
 
     url, token, _ = lab
-    taken = Lounge(1, name="taken", progress=False, wait=True).start_sync()
+    taken = Lounge(1, name="taken", wait=True).start_sync()
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)

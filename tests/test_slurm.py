@@ -52,7 +52,6 @@ def test_start_map_scale_stop_on_three_nodes(kind, lounge_dir):
         engines_per_node=2,
         preload=preload,
         wait=True,
-        progress=False,
         timeout=180,
     ).start_sync()
     try:
@@ -116,7 +115,7 @@ def test_pending_reason_is_shown_and_the_wait_times_out(lounge_dir):
     ).stdout.strip()
     try:
         wait_until(lambda: any("RUNNING" in j for j in squeue()), 20, "the blocker to run")
-        cluster = Lounge(2, backend="slurm", engines_per_node=2, timeout=4, progress=False)
+        cluster = Lounge(2, backend="slurm", engines_per_node=2, timeout=4)
         with pytest.raises(LoungeTimeout) as info:
             cluster.start_sync()
         message = str(info.value)
@@ -129,7 +128,7 @@ def test_pending_reason_is_shown_and_the_wait_times_out(lounge_dir):
 
 
 def test_slurm_rejecting_the_job_is_one_clear_error(lounge_dir):
-    cluster = Lounge(2, backend="slurm", gpus_per_node=1, progress=False)  # nodes have none
+    cluster = Lounge(2, backend="slurm", gpus_per_node=1)  # nodes have none
     with pytest.raises(LoungeError) as info:
         cluster.start_sync()
     message = str(info.value)
@@ -137,7 +136,7 @@ def test_slurm_rejecting_the_job_is_one_clear_error(lounge_dir):
     assert "gres" in message.lower()  # Slurm's own words
     assert "\n" not in message.strip()
     with pytest.raises(LoungeError, match="`sinfo -h -N -o %o -p nope` lists no node; check"):
-        Lounge(2, backend="slurm", partition="nope", progress=False).start_sync()
+        Lounge(2, backend="slurm", partition="nope").start_sync()
     assert state.list_states() == [] and squeue() == []
     assert processes_under(str(lounge_dir)) == []
 
@@ -148,7 +147,7 @@ def test_slurm_down_is_one_clear_error(tmp_path, monkeypatch, lounge_dir):
     down.write_text(re.sub(r"SlurmctldPort=\d+", "SlurmctldPort=9", conf))
     monkeypatch.setenv("SLURM_CONF", str(down))
     with pytest.raises(LoungeError) as info:
-        Lounge(2, backend="slurm", listen_ip="10.77.0.1", progress=False).start_sync()
+        Lounge(2, backend="slurm", listen_ip="10.77.0.1").start_sync()
     message = str(info.value)
     assert (
         message.startswith("`sbatch --parsable") and "Unable to contact slurm controller" in message
@@ -157,7 +156,7 @@ def test_slurm_down_is_one_clear_error(tmp_path, monkeypatch, lounge_dir):
 
 
 def test_more_nodes_than_the_partition_has_fails_fast(lounge_dir):
-    cluster = Lounge(10, backend="slurm", engines_per_node=2, progress=False)  # 5 > 3 nodes
+    cluster = Lounge(10, backend="slurm", engines_per_node=2)  # 5 > 3 nodes
     t0 = time.monotonic()
     with pytest.raises(LoungeError) as info:
         cluster.start_sync()
@@ -169,7 +168,7 @@ def test_more_nodes_than_the_partition_has_fails_fast(lounge_dir):
 
 
 def test_scancel_from_outside_mid_map_reports_lost_items(lounge_dir):
-    cluster = Lounge(4, backend="slurm", engines_per_node=2, wait=True, progress=False).start_sync()
+    cluster = Lounge(4, backend="slurm", engines_per_node=2, wait=True).start_sync()
     try:
         job = cluster.agents[0]["job"]
         threading.Timer(2.0, subprocess.run, (["scancel", job],)).start()
@@ -197,9 +196,7 @@ def test_scancel_from_outside_mid_map_reports_lost_items(lounge_dir):
 
 @pytest.mark.parametrize("kind", ["ipyparallel", "dask"])
 def test_node_power_cut_mid_map_loses_no_item(kind, lounge_dir):
-    cluster = Lounge(
-        6, engines=kind, backend="slurm", engines_per_node=2, wait=True, progress=False
-    ).start_sync()
+    cluster = Lounge(6, engines=kind, backend="slurm", engines_per_node=2, wait=True).start_sync()
     victim = None
     try:
 

@@ -74,7 +74,7 @@ def lounge_toml(tmp_path):
 
 
 def test_engines_on_every_node_of_the_pool(lounge_toml, lounge_dir):
-    cluster = Lounge(3, nodes=3, wait=True, progress=False, **lounge_toml).start_sync()
+    cluster = Lounge(3, nodes=3, wait=True, **lounge_toml).start_sync()
     try:
         df = cluster.map(lambda _: __import__("socket").gethostname(), range(12), progress=False)
         assert set(df.result) == {"node1", "node2", "node3"}
@@ -85,7 +85,7 @@ def test_engines_on_every_node_of_the_pool(lounge_toml, lounge_dir):
 
 
 def test_an_unreachable_node_is_skipped_with_a_warning(lounge_toml, lounge_dir):
-    cluster = Lounge(16, wait=True, progress=False, **lounge_toml)
+    cluster = Lounge(16, wait=True, **lounge_toml)
     with pytest.warns(
         UserWarning, match="Lounge node 'pc-off' skipped: the SSH session to 10.77.0.13 ended"
     ):
@@ -96,15 +96,15 @@ def test_an_unreachable_node_is_skipped_with_a_warning(lounge_toml, lounge_dir):
     finally:
         cluster.stop_sync()
     with pytest.raises(LoungeError, match="agent pc-off of .* never started: the SSH session"):
-        Lounge(16, wait=True, progress=False, strict=True, **lounge_toml).start_sync()
+        Lounge(16, wait=True, strict=True, **lounge_toml).start_sync()
     assert state.list_states() == [] and processes_under(str(lounge_dir)) == []
 
 
 def test_more_engines_than_the_pool_has_slots(lounge_toml):
     with pytest.raises(LoungeError, match="17 engines do not fit on 4 lounge node"):
-        Lounge(17, progress=False, **lounge_toml).start_sync()
+        Lounge(17, **lounge_toml).start_sync()
     with pytest.raises(LoungeError, match="Unknown pool 'vision'"):
-        Lounge(2, progress=False, pool="vision", **lounge_toml)
+        Lounge(2, pool="vision", **lounge_toml)
 
 
 def test_lounge_nodes_live_asks_every_node(lounge_toml):
@@ -144,7 +144,7 @@ def test_nodes_need_no_shared_file_system(kind, lounge_toml, monkeypatch):
     here_only = TESTBED / "private" / f"lounge-test-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("JUPYTER_LOUNGE_DIR", str(here_only))
     assert not ssh_node(1, f"ls -d {here_only} 2>/dev/null || true").strip()
-    cluster = Lounge(6, engines=kind, nodes=3, wait=True, progress=False, **lounge_toml)
+    cluster = Lounge(6, engines=kind, nodes=3, wait=True, **lounge_toml)
     cluster.start_sync()
     try:
         df = cluster.map(
@@ -181,7 +181,7 @@ def test_a_cpu_burner_evicts_engines_without_losing_work(lounge_toml, lounge_dir
     gone and the node has been quiet."""
     with open(lounge_toml["inventory"], "a") as f:
         f.write("[idle]\ncpu_percent = 30\nfor_seconds = 2\nidle_after_seconds = 3\n")
-    cluster = Lounge(6, nodes=3, wait=True, progress=False, **lounge_toml).start_sync()
+    cluster = Lounge(6, nodes=3, wait=True, **lounge_toml).start_sync()
     burner = "python3 -c 'while True: pass' lounge-test-game"
     try:
         assert [r["node"] for r in cluster.nodes_status()] == ["node1", "node2", "node3"]
@@ -232,7 +232,7 @@ def test_a_cpu_burner_evicts_engines_without_losing_work(lounge_toml, lounge_dir
 
 @pytest.mark.parametrize("kind", ["ipyparallel", "dask"])
 def test_node_power_cut_mid_map_loses_no_item(kind, lounge_toml, lounge_dir):
-    cluster = Lounge(6, engines=kind, nodes=3, wait=True, progress=False, **lounge_toml)
+    cluster = Lounge(6, engines=kind, nodes=3, wait=True, **lounge_toml)
     cluster.start_sync()
     try:
 
@@ -271,7 +271,7 @@ def test_node_power_cut_mid_map_loses_no_item(kind, lounge_toml, lounge_dir):
     # there removes it
     stale = TESTBED / "local" / "node3" / "lounge" / "run" / f"{cluster.name}.0.2"
     assert stale.exists()
-    Lounge(3, nodes=3, wait=True, progress=False, **lounge_toml).start_sync().stop_sync()
+    Lounge(3, nodes=3, wait=True, **lounge_toml).start_sync().stop_sync()
     assert not stale.exists()
     nothing_left_on_the_nodes()
 
@@ -302,7 +302,7 @@ def test_lounge_sync_ships_once_then_agents_run_the_prepositioned_python(lounge_
     assert {again[n]["status"] for n in ("node1", "node2", "node3")} == {"present"}
     assert all(again[n]["MiB"] == 0 for n in ("node1", "node2", "node3"))
 
-    cluster = Lounge(3, nodes=3, sync=True, wait=True, progress=False, **lounge_toml)
+    cluster = Lounge(3, nodes=3, sync=True, wait=True, **lounge_toml)
     with warnings.catch_warnings():
         # remembered: no node is asked again, pc-off neither
         warnings.simplefilter("error", UserWarning)

@@ -32,7 +32,7 @@ def lounge(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
 
 def test_a_reused_pid_is_never_signalled(lounge_dir):
     """After a reboot a stored pid may belong to anyone: `lounge stop` must not signal it."""
-    cluster = Lounge(1, name="old", wait=True, progress=False).start_sync()
+    cluster = Lounge(1, name="old", wait=True).start_sync()
     data = state.load_state("old")
     cluster.stop_sync()
     stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -52,7 +52,7 @@ def test_a_reused_pid_is_never_signalled(lounge_dir):
         assert alive(stranger.pid) and stranger.poll() is None
         assert state.load_state("old") is None
         # a start of that name is not blocked by the stranger either
-        Lounge(1, name="old", progress=False).start_sync().stop_sync()
+        Lounge(1, name="old").start_sync().stop_sync()
         assert stranger.poll() is None
     finally:
         stranger.kill()
@@ -60,7 +60,7 @@ def test_a_reused_pid_is_never_signalled(lounge_dir):
 
 
 def test_a_corrupt_state_file_is_listed_and_forgotten_with_what_it_left(lounge_dir):
-    cluster = Lounge(2, name="mangled", wait=True, progress=False).start_sync()
+    cluster = Lounge(2, name="mangled", wait=True).start_sync()
     left = processes_under(str(cluster.dir))
     assert left  # its controller, agent, engines, keeper
     path = state.state_path("mangled")
@@ -70,7 +70,7 @@ def test_a_corrupt_state_file_is_listed_and_forgotten_with_what_it_left(lounge_d
     line = next(x for x in listing.stdout.splitlines() if x.startswith("mangled"))
     assert "corrupt" in line and str(path) in line and "lounge stop mangled --forget" in line
     with pytest.raises(LoungeError, match=f"state file of cluster 'mangled' \\({path}\\)"):
-        Lounge(1, name="mangled", progress=False).start_sync()
+        Lounge(1, name="mangled").start_sync()
     plain = lounge("stop", "mangled")
     assert plain.returncode == 2 and "--forget" in plain.stderr
     forgot = lounge("stop", "mangled", "--forget")
@@ -174,7 +174,7 @@ def test_a_full_disk_does_not_keep_stop_from_stopping(tmp_path, monkeypatch):
                    check=True)  # fmt: skip
     try:
         monkeypatch.setenv("JUPYTER_LOUNGE_DIR", str(disk / "lounge"))
-        cluster = Lounge(2, engines="dask", name="full", wait=True, progress=False).start_sync()
+        cluster = Lounge(2, engines="dask", name="full", wait=True).start_sync()
         subprocess.run(["dd", "if=/dev/zero", f"of={disk}/filler", "bs=1M"], capture_output=True)
         with pytest.raises(OSError):  # the disk is full indeed
             state.save_state("probe", {"name": "probe", "created": 0})
@@ -220,4 +220,4 @@ def test_the_engine_limit_is_configurable(monkeypatch):
     monkeypatch.setattr(config, "_server_config", Config({"Lounge": {"max_engines": 3}}))
     with pytest.raises(LoungeError, match="above the limit of 3"):
         Lounge(4)
-    assert Lounge(3, progress=False).n == 3
+    assert Lounge(3).n == 3

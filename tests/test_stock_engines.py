@@ -54,7 +54,7 @@ def busy(rc) -> int:
 def ipp(lounge_dir):
     # Heartbeats every second: the controller would declare a dead engine after 20 misses
     # (20 s), so a death seen within 10 s below can only have come from the node's nanny.
-    cluster = Lounge(2, engines="ipyparallel", wait=True, progress=False, heartbeat_ms=1000)
+    cluster = Lounge(2, engines="ipyparallel", wait=True, heartbeat_ms=1000)
     cluster.start_sync()
     yield cluster
     cluster.stop_sync()
@@ -141,7 +141,7 @@ def test_dask_stock_client(lounge_dir):
     import dask.array as da
     from distributed import Client
 
-    cluster = Lounge(2, engines="dask", wait=True, progress=False)
+    cluster = Lounge(2, engines="dask", wait=True)
     cluster.start_sync()
     try:
         client: Client = cluster.client

@@ -65,7 +65,7 @@ class ServerSession:
         options = requests.start_request(body)
         name = options.pop("name") or self._free_name()
         n = options.pop("n")
-        cluster = Cluster(n, name=name, stop_at_exit=False, progress=False, wait=False, **options)
+        cluster = Cluster(n, name=name, stop_at_exit=False, wait=False, **options)
         if name in self._starting:  # its state file may not be written yet
             raise name_in_use(name)
         ensure_name_free(name)
@@ -189,7 +189,6 @@ class ServerSession:
                 except LoungeError as e:  # e.g. its inventory file is gone
                     log.warning("jupyter_lounge: cannot follow %s: %s", name, e)
                     continue
-                cluster.progress = False
             elif cluster is not None and name not in self._starting and name not in self._busy:
                 cluster.reload(data)
         return dict(self._clusters), stale
@@ -227,7 +226,6 @@ class ServerSession:
         cluster = self._clusters.get(name)
         if cluster is None or cluster.created != data["created"]:
             cluster = self._clusters[name] = Cluster.from_state(data)
-            cluster.progress = False
         return cluster
 
     def _free_name(self) -> str:
