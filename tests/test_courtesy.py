@@ -115,7 +115,7 @@ def test_a_person_logging_in_evicts_engines_without_losing_work(kind, where, tmp
                 (
                     r
                     for r in cluster.nodes_status()
-                    if r["node"] == node and r["status"] == "in use (ana logged in)"
+                    if r["node"] == node and (r["status"], r["why"]) == ("in use", "ana logged in")
                 ),
                 None,
             ),

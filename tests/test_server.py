@@ -47,7 +47,9 @@ NODE_KEYS = {
     "engines",
     "pools",
 }
-NODE_STATUS_KEYS = {"node", "status", "ready", "target", "cpu", "mem", "gpu", "users"}
+NODE_STATUS_KEYS = {
+    *("node", "status", "why", "ready", "target", "error", "cpu", "mem", "gpus", "users")
+}
 GHOST = "No cluster named 'ghost' (running: none); see `lounge list`."
 
 

@@ -56,7 +56,7 @@ class ServerSession:
         if cluster is not None and row["status"] not in ("failed", "dead"):
             async with self._observing:
                 rows = await asyncio.to_thread(cluster.nodes_status)
-        keys = ("node", "status", "ready", "target", "cpu", "mem", "gpu", "users")
+        keys = ("node", "status", "why", "ready", "target", "error", "cpu", "mem", "gpus", "users")
         return {**row, "nodes_status": [{k: r.get(k) for k in keys} for r in rows]}
 
     async def create(self, body: dict) -> str:
