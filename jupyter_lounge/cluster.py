@@ -263,7 +263,7 @@ class Cluster:
         for f in files:
             f.chmod(0o600)
         self._client = await asyncio.to_thread(self.kind.connect, cdir, 30)
-        await self.wait_for_engines(self.n if self.wait else 1, self.timeout)
+        await self.wait_for_engines(None if self.wait else 1, self.timeout)
         self.status = "running"
         self.save()
         self._emit("running")
@@ -421,12 +421,12 @@ class Cluster:
         return f"{ready}/{self.n} ready; {per_node}"
 
     async def wait_for_engines(self, n: int | None = None, timeout: float | None = None) -> None:
-        """Return once ``n`` engines (default: all wanted) are registered."""
-        n = self.n if n is None else n
+        """Return once ``n`` engines (default: all wanted, however many that is by then: a
+        node skipped meanwhile lowers it) are registered."""
         await self._wait_for(
-            lambda: len(self.registered()) >= n,
+            lambda: len(self.registered()) >= (self.n if n is None else n),
             timeout or self.timeout,
-            f"{n} engine{'s' if n != 1 else ''} to register",
+            f"{self.n if n is None else n} engine{'s' if (n or self.n) != 1 else ''} to register",
             check=self._check_controller,
         )
 
@@ -541,8 +541,7 @@ class Cluster:
     async def scale(self, n: int) -> None:
         """Want ``n`` engines: fork the missing ones or stop the extra ones (idempotent)."""
         n = validate.count(n, "The number of engines", settings().max_engines)
-        if self.status != "running":
-            raise LoungeError(f"Cluster {self.name!r} is {self.status}, not running.")
+        self._refresh()
         self.absorb_retired()
         self.n = n
         have = sorted((r, i) for i, a in enumerate(self.agents) for r in a["ranks"])
@@ -550,8 +549,14 @@ class Cluster:
             self.agents[i]["ranks"].remove(rank)
         missing = n - len(have)
         if missing > 0 and self.backend.grows_in_place:
-            for _ in range(missing):
-                smallest = min(self.agents, key=lambda a: len(a["ranks"]))
+            usable = [a for a in self.agents if self.backend.agent_state(a)[0] != "lost"]
+            if not usable:
+                raise LoungeError(
+                    f"Every node agent of {self.name!r} is lost, so no engine can be added: "
+                    f"see `lounge status {self.name}`, then stop it and start another."
+                )
+            for _ in range(missing):  # to the live agents with the fewest engines
+                smallest = min(usable, key=lambda a: len(a["ranks"]))
                 smallest["ranks"].append(self.next_rank)
                 self.next_rank += 1
         for a in self.agents:
@@ -566,8 +571,7 @@ class Cluster:
     async def interrupt(self) -> str:
         """Interrupt the running work on every engine; the cluster keeps running. Returns
         one sentence saying what was done."""
-        if self.status != "running":
-            raise LoungeError(f"Cluster {self.name!r} is {self.status}, not running.")
+        self._refresh()
         self.absorb_retired()
         token = uuid.uuid4().hex  # each interrupt is new to every agent, whatever came before
         for a in self.agents:
@@ -579,6 +583,21 @@ class Cluster:
             f"Interrupted {running} engine{'s' if running != 1 else ''} of {self.name!r}: "
             f"{self.kind.interrupt_note}."
         )
+
+    def _refresh(self) -> None:
+        """Before changing a running cluster: take on what its state file says now (another
+        process may have scaled it), or say it is not running."""
+        try:
+            data = state.load_state(self.name)
+        except state.CorruptState:
+            data = None
+        if data is None or data["created"] != self.created:
+            if self.status == "running":
+                self.status = "stopped"  # stopped (or replaced) by another process
+        else:
+            self.reload(data)
+        if self.status != "running":
+            raise LoungeError(f"Cluster {self.name!r} is {self.status}, not running.")
 
     async def _release_empty(self) -> None:
         """Release every allocation whose agents have no engine left to run."""

@@ -9,7 +9,8 @@ sleeps, so ``Cluster.start`` and ``Cluster.stop`` run their real code (spawn, wa
 files, connect, kill the process group). Its client's ``registered`` is what the fake
 agents report running.
 
-``agent_io`` is the only code here that knows the agent files' formats.
+``agent_io`` is the only code here that reads or writes the agent's files (through
+``protocol``).
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ import sys
 import time
 from pathlib import Path
 
+from jupyter_lounge import protocol
 from jupyter_lounge.backends.base import Backend
 from jupyter_lounge.engines.base import EngineKind
 from jupyter_lounge.errors import LoungeError
-from jupyter_lounge.state import read_json, write_json
 
 
 def agent_io(agent: dict, report: dict | None = None) -> tuple[dict, dict | None]:
-    """Write ``report`` (when given) to the agent's report file, then read both of its
-    files back: (control, report) in a form independent of the file formats.
+    """Write ``report`` (when given) as the agent's report, then read its control and report
+    back through the agent protocol: (control, report) in a form independent of it.
 
     control: ``{"ranks": list | None, "size": int | None, "interrupt": str | None,
     "stop": bool}``; report (None when the agent wrote none): ``{"status": str,
@@ -34,39 +35,37 @@ def agent_io(agent: dict, report: dict | None = None) -> tuple[dict, dict | None
     """
     files = agent["files"]
     if report is not None:
-        write_json(
+        protocol.write_report(
             files["report"],
-            {
-                "node": agent["node"],
-                "host": "fake",
-                "pid": 0,
-                "status": report["status"],
-                "error": report.get("error"),
-                "engines": {
+            protocol.Report(
+                node=agent["node"],
+                host="fake",
+                status=report["status"],
+                error=report.get("error"),
+                engines={
                     str(rank): {"pid": 100000 + rank, "state": how, "restarts": 0}
                     for rank, how in report.get("engines", {}).items()
                 },
-                "time": time.time(),
-                "timings": [],
-                "telemetry": None,
-                "courtesy": None,
-            },
+                time=time.time(),
+            ),
         )
-    control = read_json(files["control"]) or {}
-    raw = read_json(files["report"])
+    control = protocol.read_control(files["control"])
+    read = protocol.read_report(files["report"])
     return (
-        {
-            "ranks": control.get("ranks"),
-            "size": control.get("size"),
-            "interrupt": control.get("interrupt"),
-            "stop": bool(control.get("stop")),
+        {"ranks": None, "size": None, "interrupt": None, "stop": False}
+        if control is None
+        else {
+            "ranks": control.ranks,
+            "size": control.size,
+            "interrupt": control.interrupt,
+            "stop": control.stop,
         },
         None
-        if raw is None
+        if read is None
         else {
-            "status": raw.get("status"),
-            "error": raw.get("error"),
-            "engines": {int(r): e.get("state") for r, e in (raw.get("engines") or {}).items()},
+            "status": read.status,
+            "error": read.error,
+            "engines": {int(r): e.get("state") for r, e in read.engines.items()},
         },
     )
 
@@ -238,7 +237,7 @@ class FakeKind(EngineKind):
         return cdir / "fake-engines.json", cdir / "fake-client.json"
 
     def _connect(self, cdir: Path, timeout: float) -> FakeClient:
-        if read_json(self.connection_files(cdir)[1]) is None:
+        if protocol.read_json(self.connection_files(cdir)[1]) is None:
             raise OSError("no client connection file")
         client = FakeClient(self.backend, cdir)
         self.clients.append(client)

@@ -14,7 +14,7 @@ import pytest
 import jupyter_lounge.cluster as cluster_module
 from jupyter_lounge import state
 from jupyter_lounge.cluster import Cluster
-from jupyter_lounge.errors import LoungeError, LoungeTimeout
+from jupyter_lounge.errors import LoungeError
 from jupyter_lounge.procs import alive
 
 from .fakes import FakeBackend, FakeKind, agent_io
@@ -221,13 +221,6 @@ class LostOnceTheControllerRuns(FakeBackend):
         return super().agent_state(agent)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=LoungeTimeout,
-    reason="bug: start(wait=True) waits for the n it was asked for even after a node was "
-    "skipped (Cluster._start passes self.n to wait_for_engines before the skip lowers it), "
-    "so a node found unreachable while the engines register times the start out",
-)
 def test_unreachable_node_found_while_engines_register_is_skipped_too(make):
     why = "ssh: connect to host n1 port 22: Connection refused"
     backend = LostOnceTheControllerRuns(slots=2, may_skip_nodes=True, unreachable={"n1": why})
@@ -268,7 +261,10 @@ def test_lost_and_pending_agents_show_in_nodes_status_and_engines(make):
         "lost",
         "node agent process 4242 is gone",
     )
-    assert rows["n1"]["status"] == "pending (Slurm job 7 pending: Resources)"
+    assert (rows["n1"]["status"], rows["n1"]["why"]) == (
+        "pending",
+        "Slurm job 7 pending: Resources",
+    )
     assert {e["rank"]: e["state"] for e in c.engines()} == {
         0: "lost",
         1: "lost",
@@ -362,16 +358,26 @@ def test_an_agent_lost_after_start_stops_the_wait_naming_its_node(make):
     assert c.status == "running"  # the cluster itself is not stopped by a failed wait
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a scale-up in place gives new ranks to the agents with the fewest ranks "
-    "whatever their state, so a lost agent is given engines that never start",
-)
 def test_scale_up_in_place_gives_no_engine_to_a_lost_agent(make):
     c, b = started(make, 4, backend=FakeBackend(slots=2))
     b.set_state("0.1", "lost", "node agent process 4242 is gone")
     asyncio.run(c.scale(6))
     assert {4, 5} <= set(registered_ranks(c))  # the new engines run somewhere
+
+
+def test_scale_up_with_every_agent_lost_says_so(make):
+    c, b = started(make, 4, backend=FakeBackend(slots=2))
+    b.set_state("0.0", "lost", "gone")
+    b.set_state("0.1", "lost", "gone")
+    with pytest.raises(LoungeError, match=f"Every node agent of {c.name!r} is lost"):
+        asyncio.run(c.scale(6))
+
+
+def test_a_cluster_stopped_elsewhere_is_not_scaled(make):
+    c, _ = started(make, 2, backend=FakeBackend(slots=2))
+    asyncio.run(attached(c).stop())
+    with pytest.raises(LoungeError, match=f"Cluster {c.name!r} is stopped, not running"):
+        asyncio.run(c.scale(3))
 
 
 def attached(c: Cluster) -> Cluster:
@@ -392,14 +398,6 @@ def test_a_handle_on_the_same_cluster_scales_it_after_a_reload(make):
     assert b.live == {}  # every agent placed was released
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: scale() works from the handle's own memory of the agents, not the state "
-    "file: after another process (another kernel; the magic and Lounge.scale do not reload, "
-    "the server's manager does) scaled the cluster, it places agent keys and ranks again and "
-    "drops the other's allocation from the state file, so stop never releases it",
-)
 def test_a_stale_handle_scales_what_the_state_file_says(make):
     c, b = started(make, 4, backend=FakeBackend(slots=2, grows_in_place=False))
     asyncio.run(attached(c).scale(6))
@@ -409,12 +407,6 @@ def test_a_stale_handle_scales_what_the_state_file_says(make):
     assert b.live == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: interrupt() writes the handle's own ranks into every control file: after "
-    "another process scaled the cluster up in place, a stale handle's interrupt stops the "
-    "engines it does not know of (the magic does not reload, the server's manager does)",
-)
 def test_a_stale_handles_interrupt_keeps_every_engine(make):
     c, b = started(make, 4, backend=FakeBackend(slots=2))
     asyncio.run(attached(c).scale(6))
