@@ -18,7 +18,7 @@ from typing import Any
 from . import state, validate
 from ._loop import run_sync
 from .backends import make_backend
-from .config import settings
+from .config import DEFAULT_BACKEND, DEFAULT_ENGINES, DEFAULT_TIMEOUT, settings
 from .engines import engine_kind
 from .errors import LoungeError, LoungeTimeout, NoSuchCluster
 from .procs import kill_group, ours, spawn, started, tail
@@ -39,12 +39,12 @@ class Cluster:
         n: int = 1,
         *,
         name: str | None = None,
-        engines: str = "ipyparallel",
-        backend: str = "local",
+        engines: str = DEFAULT_ENGINES,
+        backend: str = DEFAULT_BACKEND,
         preload: list[str] | str = (),
         nodes: int | None = None,
         wait: bool = False,
-        timeout: float = 120.0,
+        timeout: float = DEFAULT_TIMEOUT,
         restart: bool = True,
         gpus: list[str] | None = None,
         engines_per_gpu: int = 1,

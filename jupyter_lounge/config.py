@@ -9,6 +9,11 @@ from __future__ import annotations
 from traitlets import Float, Integer
 from traitlets.config import Config, Configurable
 
+#: The defaults of every start, whichever face asks (``Cluster``, the flags, a REST body).
+DEFAULT_ENGINES = "ipyparallel"
+DEFAULT_BACKEND = "local"
+DEFAULT_TIMEOUT = 120.0
+
 _server_config: Config | None = None
 
 

@@ -16,11 +16,12 @@ import os
 import shutil
 import time
 
-from . import commands, state
+from . import state
 from ._loop import run_sync
 from .cluster import Cluster, controller_alive, ensure_name_free, in_use, name_in_use
 from .errors import LoungeError, NoSuchCluster
 from .procs import call, kill_group, started
+from .serverext.requests import scale_request, start_request
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class ClusterManager:
     async def create(self, body: dict) -> str:
         """Check a start request, then start the cluster in this loop; return its name at
         once. A bad request raises a LoungeError before anything is started."""
-        options = commands.start_request(body)
+        options = start_request(body)
         name = options.pop("name") or self._free_name()
         n = options.pop("n")
         cluster = Cluster(n, name=name, stop_at_exit=False, progress=False, wait=False, **options)
@@ -188,7 +189,7 @@ class ClusterManager:
 
     async def patch(self, name: str, body: dict) -> dict:
         """Scale to ``body["n"]`` engines; return the cluster with its new target."""
-        n = commands.scale_request(body)
+        n = scale_request(body)
         cluster = self._live(name)
         self._busy.add(name)
         try:
