@@ -1,8 +1,8 @@
 """The words of ``%lounge`` and ``lounge``: one parser for the magic and the CLI, and the
 tables they print. Bad input becomes one LoungeError sentence, never an argparse exit.
 
-The backend flags are the backends' own option declarations (``backends.options``); the
-REST API's bodies are checked in ``serverext.requests``."""
+The backend flags are the backends' own option declarations (``backends.options``); what
+each command does is in ``faces``."""
 
 from __future__ import annotations
 
@@ -227,40 +227,15 @@ def format_status(status: dict) -> str:
     )
 
 
-def format_nodes(args: argparse.Namespace) -> str:
-    """The inventory as a table (or JSON); with --live, each node's state asked over SSH."""
-    from . import inventory
-
-    inv = inventory.load(args.inventory)
-    names = {n.name for n in inv.select(args.pool)}  # an unknown pool is an error
-    if args.live:
-        from ._loop import run_sync
-        from .backends.ssh import SSHBackend
-
-        rows = run_sync(SSHBackend(inventory=str(inv.path), pool=args.pool).survey())
-        columns = ["name", "host", "state", "cpu", "mem", "gpu", "users", "pools", "why"]
-    else:
-        rows = [r for r in inv.rows() if r["name"] in names]
-        columns = ["name", "host", "user", "port", "gpus", "engines", "pools"]
-    if args.json:
-        return json.dumps(rows, indent=1)
-    return f"{inv.path}:\n" + format_table(rows, columns)
+def format_rows(rows: list[dict], columns: list[str], as_json: bool = False) -> str:
+    """Rows as a table of ``columns``, or as JSON (every key)."""
+    return json.dumps(rows, indent=1) if as_json else format_table(rows, columns)
 
 
-def format_sync(args: argparse.Namespace) -> str:
-    """Preposition this environment on the lounge's nodes; one row per node saying what
-    happened. Raises when no node has it afterwards."""
-    from ._loop import run_sync
-    from .backends.ssh import SSHBackend
-
-    backend = SSHBackend(inventory=args.inventory, pool=args.pool)
-    rows = run_sync(backend.sync_env(force=args.force))
-    if not any(r["status"] in ("present", "shipped") for r in rows):
-        why = "; ".join(f"{r['node']}: {r['status'].removeprefix('failed: ')}" for r in rows)
-        raise LoungeError(f"No lounge node has the environment now ({why}).")
-    if args.json:
-        return json.dumps(rows, indent=1)
-    return format_table(rows, ["node", "status", "MiB", "seconds", "env"])
+#: The columns of ``lounge nodes``: from the inventory, or asked of each node (``--live``).
+NODE_COLUMNS = ["name", "host", "user", "port", "gpus", "engines", "pools"]
+LIVE_COLUMNS = ["name", "host", "state", "cpu", "mem", "gpu", "users", "pools", "why"]
+SYNC_COLUMNS = ["node", "status", "MiB", "seconds", "env"]
 
 
 def format_list(rows: list[dict]) -> str:

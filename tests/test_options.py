@@ -80,3 +80,10 @@ def test_flags_reach_the_backend():
 def test_the_local_backend_says_whose_option_it_is(option, sentence):
     with pytest.raises(LoungeError, match=sentence.replace("(", "\\(")):
         make_backend("local", **{option: "x"})
+
+
+def test_both_faces_share_one_table_of_commands():
+    from jupyter_lounge import faces
+
+    choices = commands.build_parser()._subparsers._group_actions[0].choices
+    assert set(faces.COMMANDS) == set(choices)
