@@ -19,6 +19,7 @@ USAGE = """\
 %lounge start N [--engines ipyparallel|dask] [--backend local|slurm] [--nodes M] [--name NAME]
                [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart] [--courtesy]
                [--dashboard] (Dask's, on loopback)  [--no-tls] (local only: no encryption)
+               [--dry-run] (Slurm: print the batch script it would submit; start nothing)
 {slurm}
 %lounge scale N [--name NAME]     %lounge status [NAME]     %lounge list
 %lounge stop [NAME] [--forget]    %lounge attach NAME
@@ -125,6 +126,7 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     start.add_argument("--no-tls", dest="tls", action="store_false")  # local only
     start.add_argument("--dashboard", action="store_true")
     start.add_argument("--courtesy", action="store_true")
+    start.add_argument("--dry-run", action="store_true")  # print the job script only
     for option in backend_options.start_options():
         _add_flag(start, option)
     scale = sub.add_parser("scale", add_help=False)

@@ -50,7 +50,10 @@ def _start(args: argparse.Namespace, face: Face):
     from .cluster import Cluster
 
     keep = {"stop_at_exit": False, "progress": False} if face.shell else {}
-    cluster = Cluster(args.n, **keep, **commands.start_options(args)).start_sync()
+    cluster = Cluster(args.n, **keep, **commands.start_options(args))
+    if args.dry_run:
+        return job_script(cluster)
+    cluster.start_sync()
     if not face.shell:
         return cluster
     return (
@@ -148,6 +151,18 @@ def run(args: argparse.Namespace, face: Face):
 
 
 # -- the work behind the tables ----------------------------------------------------------------
+def job_script(cluster) -> str:
+    """The batch script a start of ``cluster`` would submit; nothing is submitted, and the
+    cluster's folder, made to name the script's paths, is left only if it was there."""
+    folder = Path(cluster.dir)
+    fresh = not any(folder.iterdir())
+    try:
+        return cluster.job_script()
+    finally:
+        if fresh and not any(folder.iterdir()):
+            folder.rmdir()
+
+
 def _ssh_backend(inventory: str | None, pool: str | None):
     from .backends import make_backend
 

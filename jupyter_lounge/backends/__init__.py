@@ -11,20 +11,9 @@ from .options import BACKENDS, backend_class, owner_of
 __all__ = ["BACKENDS", "Backend", "make_backend"]
 
 
-def _ipython_config():
-    """The IPython profile's config (``c.SlurmBackend.partition = ...``), when in IPython."""
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-    except ImportError:
-        return None
-    return shell.config if shell is not None else None
-
-
 def make_backend(name: str, **options) -> Backend:
     """The backend ``name`` with ``options`` (flags, REST fields, keywords) over the config
-    (``c.SlurmBackend.partition``), over its traits' defaults."""
+    in effect here (``c.SlurmBackend.partition``), over its traits' defaults."""
     cls = backend_class(name)
     if name == "local":
         if options:
@@ -39,4 +28,6 @@ def make_backend(name: str, **options) -> Backend:
                 f"The local backend takes no option {option!r}; it is for --backend {owner}."
             )
         return cls()
-    return cls(config=_ipython_config(), **options)
+    from ..config import load_config
+
+    return cls(config=load_config(), **options)

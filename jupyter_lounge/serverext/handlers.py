@@ -19,6 +19,7 @@ from tornado import web
 
 from ..errors import LoungeError, NoSuchCluster
 from ..manager import ClusterManager
+from . import requests
 
 MANAGER = "jupyter_lounge_manager"  # its key in the web app's settings
 AUTH_RESOURCE = "lounge"
@@ -86,7 +87,11 @@ class ClustersHandler(LoungeHandler):
     @authorized
     @answers_errors
     async def post(self) -> None:
-        name = await self.manager.create(self.json_body())
+        body = self.json_body()
+        if requests.dry_run(body):  # only the batch script it would submit: nothing starts
+            self.reply(200, {"job_script": requests.job_script(body)})
+            return
+        name = await self.manager.create(body)
         self.reply(202, {"name": name, "status": "starting"})
 
 

@@ -70,6 +70,27 @@ def start_request(body: dict) -> dict:
     return options
 
 
+def dry_run(body) -> bool:
+    """Whether a start request asks only for the batch script it would submit
+    (``"dry_run": true``); the field is taken out of ``body``."""
+    if not isinstance(body, dict) or "dry_run" not in body:
+        return False
+    value = body.pop("dry_run")
+    if not isinstance(value, bool):
+        raise LoungeError(f"The option 'dry_run' must be {OPTION_TYPES[bool]}, not {value!r}.")
+    return value
+
+
+def job_script(body: dict) -> str:
+    """The batch script a start request would submit (``"dry_run": true``): the request is
+    checked as a start's is, and nothing is started or submitted."""
+    from ..cluster import Cluster
+    from ..faces import job_script
+
+    options = start_request(body)
+    return job_script(Cluster(options.pop("n"), stop_at_exit=False, progress=False, **options))
+
+
 def scale_request(body: dict) -> int:
     """The engine count of a scale request of the REST API (``PATCH clusters/NAME``)."""
     if not isinstance(body, dict):
