@@ -19,11 +19,10 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import warnings
 
 from traitlets import Float, Integer
 from traitlets.config import Config, Configurable
-
-from .errors import LoungeError
 
 #: The defaults of every start, whichever face asks (``Cluster``, the flags, a REST body).
 DEFAULT_ENGINES = "ipyparallel"
@@ -85,23 +84,28 @@ def _ipython_dir(env: str | None) -> str:
 
 def profile_config(profile: str = "default") -> Config:
     """The config files of an IPython profile, read as IPython reads them: ``.py`` then
-    ``.json`` (which wins); no file, an empty config. They are the user's own code, which
-    IPython runs at every start too."""
+    ``.json`` (which wins); no file, an empty config; a file that cannot be read, a warning.
+    They are the user's own code, which IPython runs at every start too."""
     from traitlets.config.loader import ConfigFileNotFound, JSONFileConfigLoader, PyFileConfigLoader
 
     folder = os.path.join(_ipython_dir(os.environ.get("IPYTHONDIR")), f"profile_{profile}")
     config = Config()
-    for loader in (PyFileConfigLoader, JSONFileConfigLoader):
-        suffix = ".py" if loader is PyFileConfigLoader else ".json"
-        filename = "ipython_config" + suffix
+    files = (
+        ("ipython_config.py", PyFileConfigLoader),
+        ("ipython_config.json", JSONFileConfigLoader),
+    )
+    for filename, loader in files:
         try:
             config.merge(loader(filename, path=folder).load_config())
         except ConfigFileNotFound:
             continue
-        except Exception as e:  # noqa: BLE001 - the user's file: any error, one sentence
+        except Exception as e:  # noqa: BLE001 - the user's own file: any error
+            # Warned, not raised, as IPython does: a stop, `lounge list` or the keeper must
+            # still work while the profile is broken.
             path = os.path.join(folder, filename)
-            raise LoungeError(
-                f"The IPython config {path} could not be read ({type(e).__name__}: {e}): "
-                "fix it, or point $IPYTHONDIR at another folder."
-            ) from None
+            warnings.warn(
+                f"The IPython config {path} could not be read ({type(e).__name__}: {e}); "
+                "jupyter_lounge goes on without it: fix it, or point $IPYTHONDIR elsewhere.",
+                stacklevel=2,
+            )
     return config
