@@ -99,7 +99,6 @@ OURS_OPTIONS: dict = {
     "sync": True,
     "preload": ["tensorflow"],
     "wait": True,
-    "progress": False,
     "timeout": TIMEOUT,
 }
 
@@ -195,7 +194,7 @@ def run_ours(rec: dict, mark: str, way: str, wdir: str, per_node: int, notes: li
         from jupyter_lounge._loop import run_sync
         from jupyter_lounge.backends.ssh import SSHBackend
 
-        rows = run_sync(SSHBackend(**paths).sync())
+        rows = run_sync(SSHBackend(**paths).sync_env())
         notes.append(f"{way}: sync " + ", ".join(f"{r['node']} {r['status']}" for r in rows))
     time_ours(rec, way, Lounge(n, engines=kind, name=mark, **OURS_OPTIONS, **paths), tf_op, notes)
 

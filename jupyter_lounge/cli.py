@@ -1,59 +1,19 @@
 """``lounge``: the shell face. A cluster started here keeps running after the command ends,
-until ``lounge stop NAME``; any process can attach to it by name."""
+until ``lounge stop NAME``; any process can attach to it by name. What each command does is
+in ``faces`` (shared with the magic)."""
 
 from __future__ import annotations
 
 import sys
 
-from . import commands
+from . import commands, faces
 from .errors import LoungeError
 
 
 def run(argv: list[str]) -> int:
-    from .cluster import Cluster
-    from .manager import ClusterManager
-
-    args = commands.parse(argv, prog="lounge")
-    manager = ClusterManager()
-    if args.command == "help":
-        print(commands.usage("lounge"))
-    elif args.command == "start":
-        cluster = Cluster(args.n, stop_at_exit=False, **commands.start_options(args)).start_sync()
-        print(f"Started {cluster.name}: {cluster.describe()}")
-        print(
-            f"Attach with: from jupyter_lounge import Lounge; lounge = Lounge.attach("
-            f"{cluster.name!r})   or   %lounge attach {cluster.name}"
-        )
-    elif args.command == "scale":
-        if not args.name:
-            raise LoungeError("Say which cluster to scale: `lounge scale N --name NAME`.")
-        manager.scale(args.name, args.n)
-        print(f"Scaled {args.name} to {args.n} engines.")
-    elif args.command == "interrupt":
-        if not args.name:
-            raise LoungeError("Say which cluster to interrupt: `lounge interrupt NAME`.")
-        print(manager.interrupt(args.name))
-    elif args.command == "status":
-        names = [args.name] if args.name else manager.names()
-        if not names:
-            print("No cluster is running; start one with `lounge start N`.")
-        for name in names:
-            print(commands.format_status(manager.status(name)))
-    elif args.command == "list":
-        print(commands.format_list(manager.list()))
-    elif args.command == "nodes":
-        print(commands.format_nodes(args))
-    elif args.command == "sync":
-        print(commands.format_sync(args))
-    elif args.command == "stop":
-        if not args.name:
-            raise LoungeError("Say which cluster to stop: `lounge stop NAME` (see `lounge list`).")
-        for line in manager.stop(args.name, forget=args.forget):
-            print(f"Stopped what was left of it: {line}")
-        print(f"{'Forgot' if args.forget else 'Stopped'} {args.name}.")
-    elif args.command == "attach":
-        cluster = Cluster.attach(args.name)
-        print(f"{cluster.name}: {cluster.describe()}")
+    out = faces.run(commands.parse(argv, prog="lounge"), faces.SHELL)
+    if out is not None:
+        print(out)
     return 0
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from . import protocol, state, validate
 from ._loop import run_sync
 from .backends import make_backend
-from .config import settings
+from .config import DEFAULT_BACKEND, DEFAULT_ENGINES, DEFAULT_TIMEOUT, settings
 from .engines import engine_kind
 from .errors import LoungeError, LoungeTimeout, NoSuchCluster
 from .procs import kill_group, ours, spawn, started, tail
@@ -39,12 +39,12 @@ class Cluster:
         n: int = 1,
         *,
         name: str | None = None,
-        engines: str = "ipyparallel",
-        backend: str = "local",
+        engines: str = DEFAULT_ENGINES,
+        backend: str = DEFAULT_BACKEND,
         preload: list[str] | str = (),
         nodes: int | None = None,
         wait: bool = False,
-        timeout: float = 120.0,
+        timeout: float = DEFAULT_TIMEOUT,
         restart: bool = True,
         gpus: list[str] | None = None,
         engines_per_gpu: int = 1,
@@ -568,9 +568,9 @@ class Cluster:
         self.save()
         self._emit("placed")
 
-    async def interrupt(self) -> str:
+    async def interrupt(self) -> int:
         """Interrupt the running work on every engine; the cluster keeps running. Returns
-        one sentence saying what was done."""
+        how many engines were running (and so were interrupted)."""
         self._refresh()
         self.absorb_retired()
         token = uuid.uuid4().hex  # each interrupt is new to every agent, whatever came before
@@ -578,11 +578,7 @@ class Cluster:
             control = protocol.Control(a["ranks"], self.n, interrupt=token)
             protocol.write_control(a["files"]["control"], control)
             await self.backend.nudge(a)
-        running = sum(1 for e in self.engines() if e["state"] == "running")
-        return (
-            f"Interrupted {running} engine{'s' if running != 1 else ''} of {self.name!r}: "
-            f"{self.kind.interrupt_note}."
-        )
+        return sum(1 for e in self.engines() if e["state"] == "running")
 
     def _refresh(self) -> None:
         """Before changing a running cluster: take on what its state file says now (another
@@ -696,7 +692,7 @@ class Cluster:
     def scale_sync(self, n: int) -> None:
         run_sync(self.scale(n))
 
-    def interrupt_sync(self) -> str:
+    def interrupt_sync(self) -> int:
         return run_sync(self.interrupt())
 
     def stop_sync(self, forget: bool = False) -> None:

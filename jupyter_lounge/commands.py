@@ -1,29 +1,52 @@
 """The words of ``%lounge`` and ``lounge``: one parser for the magic and the CLI, and the
-tables they print. Bad input becomes one LoungeError sentence, never an argparse exit."""
+tables they print. Bad input becomes one LoungeError sentence, never an argparse exit.
+
+The backend flags are the backends' own option declarations (``backends.options``); what
+each command does is in ``faces``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
 
-from .backends import OPTIONS as _BACKEND_FLAGS
+from .backends import options as backend_options
+from .config import DEFAULT_BACKEND, DEFAULT_ENGINES, DEFAULT_TIMEOUT
 from .errors import LoungeError
 
 USAGE = """\
 %lounge start N [--engines ipyparallel|dask] [--backend local|slurm] [--nodes M] [--name NAME]
                [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart] [--courtesy]
                [--dashboard] (Dask's, on loopback)  [--no-tls] (local only: no encryption)
-               Slurm: [--partition P] [--account A] [--qos Q] [--time 1:00:00]
-               [--engines-per-node K] [--cpus-per-engine C] [--mem-per-engine 2G]
-               [--gpus-per-node G] [--sbatch=--constraint=a100 ...]
+               [--dry-run] (Slurm: print the batch script it would submit; start nothing)
+{slurm}
 %lounge scale N [--name NAME]     %lounge status [NAME]     %lounge list
 %lounge stop [NAME] [--forget]    %lounge attach NAME
 %lounge interrupt [NAME]          (stop the running work on every engine; the cluster stays)
-%lounge start N --backend ssh [--pool P] [--inventory lounge.toml] [--strict] [--sync]
+%lounge start N --backend ssh {ssh}
 %lounge nodes [--pool P] [--live] [--json] [--inventory lounge.toml]   (the lounge's PCs)
 %lounge sync [--pool P] [--inventory lounge.toml] [--force]   (ship this env to them once)
 %%lounge [NAME]                   (as a cell magic: run the cell on every engine)"""
+INDENT = " " * 15  # where the lines of start's options begin
+
+
+def _wrap(words: list[str], first: str, indent: str, width: int = 90) -> list[str]:
+    """``words`` on lines of at most ``width`` characters (a word is never split)."""
+    lines = [first + words[0]]
+    for word in words[1:]:
+        if len(lines[-1]) + 1 + len(word) > width:
+            lines.append(indent + word)
+        else:
+            lines[-1] += " " + word
+    return lines
+
+
+def usage_text() -> str:
+    """The usage of ``%lounge``, its backend flags from the backends' declarations."""
+    slurm = _wrap(backend_options.usage_words("slurm"), f"{INDENT}Slurm: ", INDENT)
+    ssh = " ".join(backend_options.usage_words("ssh"))
+    return USAGE.format(slurm="\n".join(slurm), ssh=ssh)
 
 
 def _positive(cast, what: str):
@@ -74,42 +97,38 @@ class _Parser(argparse.ArgumentParser):
         raise LoungeError(f"{message[0].upper()}{message[1:]} (see `{hint}`).")
 
 
+def _add_flag(parser: argparse.ArgumentParser, option: backend_options.Option) -> None:
+    """A backend option's flag; None when not given, so that the config's value holds."""
+    if option.kind is bool:
+        kind = {"action": "store_const", "const": True}
+    elif option.kind is list:
+        kind = {"action": "append"}
+    else:
+        kind = {"type": positive_int if option.positive else option.kind}
+    parser.add_argument(option.flag, dest=option.name, default=None, **kind)
+
+
 def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     parser_class = type("Parser", (_Parser,), {"hint": f"{prog} help"})
     parser = parser_class(prog=prog, add_help=False)
     sub = parser.add_subparsers(dest="command", parser_class=parser_class, required=True)
     start = sub.add_parser("start", add_help=False)
     start.add_argument("n", type=positive_int)
-    start.add_argument("--engines", default="ipyparallel")  # checked by engine_kind()
-    start.add_argument("--backend", default="local")  # checked by make_backend()
+    start.add_argument("--engines", default=DEFAULT_ENGINES)  # checked by engine_kind()
+    start.add_argument("--backend", default=DEFAULT_BACKEND)  # checked by make_backend()
     start.add_argument("--nodes", type=positive_int, default=None)
     start.add_argument("--name")
     start.add_argument("--preload", default="")
     start.add_argument("--wait", action="store_true")
-    start.add_argument("--timeout", type=positive_float, default=120.0)
+    start.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT)
     start.add_argument("--no-restart", dest="restart", action="store_false")
     start.add_argument("--tls", dest="tls", action="store_true", default=True)  # the default
     start.add_argument("--no-tls", dest="tls", action="store_false")  # local only
     start.add_argument("--dashboard", action="store_true")
     start.add_argument("--courtesy", action="store_true")
-    slurm = {
-        "--partition": str,
-        "--account": str,
-        "--qos": str,
-        "--time": str,
-        "--engines-per-node": positive_int,
-        "--cpus-per-engine": positive_int,
-        "--mem-per-engine": str,
-        "--gpus-per-node": int,
-    }
-    for flag, kind in slurm.items():
-        dest = "time_limit" if flag == "--time" else flag[2:].replace("-", "_")
-        start.add_argument(flag, dest=dest, type=kind, default=None)
-    start.add_argument("--sbatch", dest="extra_directives", action="append", default=None)
-    start.add_argument("--pool", default=None)  # ssh: which inventory pool
-    start.add_argument("--inventory", default=None)  # ssh: which lounge.toml
-    start.add_argument("--strict", action="store_const", const=True, default=None)
-    start.add_argument("--sync", action="store_const", const=True, default=None)
+    start.add_argument("--dry-run", action="store_true")  # print the job script only
+    for option in backend_options.start_options():
+        _add_flag(start, option)
     scale = sub.add_parser("scale", add_help=False)
     scale.add_argument("n", type=positive_int)
     scale.add_argument("--name")
@@ -135,9 +154,10 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
 
 
 def usage(prog: str = "%lounge") -> str:
+    text = usage_text()
     if prog == "%lounge":
-        return USAGE
-    return "\n".join(USAGE.replace("%lounge", prog).splitlines()[:-1])
+        return text
+    return "\n".join(text.replace("%lounge", prog).splitlines()[:-1])
 
 
 def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
@@ -150,13 +170,14 @@ def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
     return build_parser(prog).parse_args(words)
 
 
-# The magic's backend flags: what a start request may give each backend, and --sbatch.
-BACKEND_OPTIONS = (*_BACKEND_FLAGS["ssh"], *_BACKEND_FLAGS["slurm"], "extra_directives")
-
-
 def start_options(args: argparse.Namespace) -> dict:
-    backend_options = {k: getattr(args, k) for k in BACKEND_OPTIONS if getattr(args, k) is not None}
-    return backend_options | {
+    """The Cluster arguments of a parsed ``start``: the backend flags given, and the rest."""
+    given = {
+        o.name: getattr(args, o.name)
+        for o in backend_options.start_options()
+        if getattr(args, o.name) is not None
+    }
+    return given | {
         "name": args.name,
         "engines": args.engines,
         "backend": args.backend,
@@ -208,29 +229,15 @@ def format_status(status: dict) -> str:
     )
 
 
-def format_nodes(args: argparse.Namespace) -> str:
-    """The inventory as a table (or JSON); with --live, each node's state asked over SSH."""
-    import json
+def format_rows(rows: list[dict], columns: list[str], as_json: bool = False) -> str:
+    """Rows as a table of ``columns``, or as JSON (every key)."""
+    return json.dumps(rows, indent=1) if as_json else format_table(rows, columns)
 
-    from . import inventory
 
-    inv = inventory.load(args.inventory)
-    names = {n.name for n in inv.select(args.pool)}  # an unknown pool is an error
-    if args.live:
-        from ._loop import run_sync
-        from .backends.ssh import SSHBackend
-        from .survey import ask_lounge
-
-        rows = run_sync(ask_lounge(SSHBackend(inventory=str(inv.path), pool=args.pool)))
-        if not args.json:
-            rows = [node_cells(row) for row in rows]
-        columns = ["name", "host", "state", "cpu", "mem", "gpu", "users", "pools", "why"]
-    else:
-        rows = [r for r in inv.rows() if r["name"] in names]
-        columns = ["name", "host", "user", "port", "gpus", "engines", "pools"]
-    if args.json:
-        return json.dumps(rows, indent=1)
-    return f"{inv.path}:\n" + format_table(rows, columns)
+#: The columns of ``lounge nodes``: from the inventory, or asked of each node (``--live``).
+NODE_COLUMNS = ["name", "host", "user", "port", "gpus", "engines", "pools"]
+LIVE_COLUMNS = ["name", "host", "state", "cpu", "mem", "gpu", "users", "pools", "why"]
+SYNC_COLUMNS = ["node", "status", "MiB", "seconds", "env"]
 
 
 def node_cells(row: dict) -> dict:
@@ -243,110 +250,9 @@ def node_cells(row: dict) -> dict:
     }
 
 
-def format_sync(args: argparse.Namespace) -> str:
-    """Preposition this environment on the lounge's nodes; one row per node saying what
-    happened. Raises when no node has it afterwards."""
-    import json
-
-    from ._loop import run_sync
-    from .backends.ssh import SSHBackend
-
-    backend = SSHBackend(inventory=args.inventory, pool=args.pool)
-    rows = run_sync(backend.sync(force=args.force))
-    if not any(r["status"] in ("present", "shipped") for r in rows):
-        why = "; ".join(f"{r['node']}: {r['status'].removeprefix('failed: ')}" for r in rows)
-        raise LoungeError(f"No lounge node has the environment now ({why}).")
-    if args.json:
-        return json.dumps(rows, indent=1)
-    return format_table(rows, ["node", "status", "MiB", "seconds", "env"])
-
-
 def format_list(rows: list[dict]) -> str:
     for r in rows:
         r["age"] = time.strftime("%H:%M:%S", time.gmtime(r["age_s"]))
     return format_table(
         rows, ["name", "engines", "backend", "n", "nodes", "status", "age", "preload", "error"]
     )
-
-
-# -- the REST API's bodies (the sidebar's words) -----------------------------------------------
-#: What a start request may hold besides each backend's options (``backends.OPTIONS``).
-START_KEYS = ("n", "backend", "engines", "pool", "preload", "name", "nodes", "timeout")
-#: The type each backend option takes in a start request, and how to say it.
-OPTION_TYPES = {str: "a string", int: "a whole number", bool: "true or false"}
-OPTION_TYPE = {
-    "partition": str,
-    "account": str,
-    "qos": str,
-    "time_limit": str,
-    "mem_per_engine": str,
-    "engines_per_node": int,
-    "cpus_per_engine": int,
-    "gpus_per_node": int,
-    "pool": str,
-    "inventory": str,
-    "strict": bool,
-    "sync": bool,
-}
-
-
-def _engines_wanted(body: dict, example: int) -> int:
-    if "n" not in body:
-        raise LoungeError(f'Say how many engines, e.g. {{"n": {example}}}.')
-    n = body["n"]
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-        raise LoungeError(f"The number of engines must be a whole number above 0, not {n!r}.")
-    return n
-
-
-def start_request(body: dict) -> dict:
-    """The Cluster arguments of a start request of the REST API (``POST clusters``), or a
-    LoungeError naming the first mistake."""
-    from .backends import OPTIONS
-
-    if not isinstance(body, dict):
-        raise LoungeError('The request body must be a JSON object, e.g. {"n": 4}.')
-    backend_keys = {k for names in OPTIONS.values() for k in names}
-    unknown = sorted(set(body) - set(START_KEYS) - backend_keys)
-    if unknown:
-        raise LoungeError(
-            f"Unknown option {unknown[0]!r}: use {', '.join(START_KEYS)} or an option of "
-            "the backend (GET /jupyter-lounge/backends lists them)."
-        )
-    options = {
-        "n": _engines_wanted(body, 4),
-        "name": body.get("name"),
-        "backend": body.get("backend") or "local",
-        "engines": body.get("engines") or "ipyparallel",
-        "nodes": body.get("nodes"),
-    }
-    preload = body.get("preload") or []
-    if not isinstance(preload, (str, list)) or not all(isinstance(m, str) for m in preload):
-        raise LoungeError(
-            f'preload must be module names, e.g. "tensorflow,numpy", not {preload!r}.'
-        )
-    timeout = body.get("timeout")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
-    ):
-        raise LoungeError(f"The timeout must be a number of seconds above 0, not {timeout!r}.")
-    options["preload"], options["timeout"] = preload, timeout or 120.0
-    for key in sorted(backend_keys & set(body)):
-        value = body[key]
-        if value is None:
-            continue
-        kind = OPTION_TYPE[key]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise LoungeError(f"The option {key!r} must be {OPTION_TYPES[kind]}, not {value!r}.")
-        options[key] = value
-    return options
-
-
-def scale_request(body: dict) -> int:
-    """The engine count of a scale request of the REST API (``PATCH clusters/NAME``)."""
-    if not isinstance(body, dict):
-        raise LoungeError('The request body must be a JSON object, e.g. {"n": 6}.')
-    unknown = sorted(set(body) - {"n"})
-    if unknown:
-        raise LoungeError(f"Unknown option {unknown[0]!r}: a scale request takes only n.")
-    return _engines_wanted(body, 6)

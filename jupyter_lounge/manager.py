@@ -128,7 +128,8 @@ class ClusterManager:
     def scale(self, name: str, n: int) -> None:
         run_sync(self.get(name).scale(n))
 
-    def interrupt(self, name: str) -> str:
+    def interrupt(self, name: str) -> int:
+        """Interrupt the running work of cluster ``name``; how many engines ran it."""
         return run_sync(self.get(name).interrupt())
 
 

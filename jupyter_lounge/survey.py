@@ -51,7 +51,7 @@ class MachineSurvey:
 
     async def backends(self) -> dict:
         from . import inventory
-        from .backends import OPTIONS
+        from .backends.options import rest_names
         from .engines import KINDS
 
         now = time.monotonic()
@@ -65,18 +65,18 @@ class MachineSurvey:
         return {
             "engines": list(KINDS),
             "backends": [
-                {"name": "local", "available": True, "why": "", "options": list(OPTIONS["local"])},
+                {"name": "local", "available": True, "why": "", "options": rest_names("local")},
                 {
                     "name": "slurm",
                     "available": slurm_ok,
                     "why": slurm_why,
-                    "options": list(OPTIONS["slurm"]),
+                    "options": rest_names("slurm"),
                 },
                 {
                     "name": "ssh",
                     "available": ssh_ok,
                     "why": ssh_why,
-                    "options": list(OPTIONS["ssh"]),
+                    "options": rest_names("ssh"),
                     "pools": pools,
                 },
             ],

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from jupyter_lounge import Lounge, current, state
+from jupyter_lounge import Lounge, current, faces, state
 from jupyter_lounge.errors import LoungeError, LoungeTimeout
 
 from .conftest import processes_under, wait_until
@@ -148,7 +148,7 @@ def test_agent_killed_takes_its_engines_and_is_reported(kind, pids_of):
         assert rows[agent["node"]]["status"] == "lost"
         assert rows[cluster.agents[1]["node"]]["status"] == "running"
         wait_until(lambda: len(cluster.registered()) == 2, 30, "the controller to drop them")
-        assert "lost" in cluster.describe()
+        assert "lost" in faces.describe(cluster)
     finally:
         cluster.stop_sync()
 

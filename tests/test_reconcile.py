@@ -34,7 +34,7 @@ def make(monkeypatch):
         kind = FakeKind(backend, gate)
         monkeypatch.setattr(cluster_module, "make_backend", lambda name, **o: backend)
         monkeypatch.setattr(cluster_module, "engine_kind", lambda name: kind)
-        options = {"progress": False, "stop_at_exit": False, "wait": True, "timeout": 10, **options}
+        options = {"stop_at_exit": False, "wait": True, "timeout": 10, **options}
         c = Cluster(n, **options)
         made.append(c)
         return c
@@ -383,7 +383,6 @@ def test_a_cluster_stopped_elsewhere_is_not_scaled(make):
 def attached(c: Cluster) -> Cluster:
     """Another handle on ``c``, as another process (the sidebar, another kernel) holds."""
     other = Cluster.attach(c.name)
-    other.progress = False
     return other
 
 

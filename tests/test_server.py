@@ -396,3 +396,29 @@ async def test_backends(jp_fetch):
     ]
     assert ssh["name"] == "ssh" and ssh["available"] is False and ssh["pools"] == []
     assert ssh["why"].startswith("No lounge inventory at ")
+
+
+async def test_the_profile_reaches_the_job_script(jp_fetch, jp_serverapp, tmp_path, monkeypatch):
+    """``"dry_run": true``: the batch script this start would submit, with the IPython
+    profile's ``c.SlurmBackend`` under the server's own config; nothing starts."""
+    from .test_options import directives, write_profile
+
+    monkeypatch.setenv("IPYTHONDIR", str(write_profile(tmp_path / "ipython")))
+    body = {"n": 4, "backend": "slurm", "dry_run": True}
+    code, answer = await call(jp_fetch, "POST", "clusters", body=body)
+    assert code == 200 and set(answer) == {"job_script"}, answer
+    assert {"--partition=debug", "--time=0:07:00"} <= set(directives(answer["job_script"]))
+
+    jp_serverapp.config.SlurmBackend.time_limit = "0:09:00"  # the server's config wins
+    code, answer = await call(jp_fetch, "POST", "clusters", body={**body, "partition": "gpu"})
+    assert code == 200, answer
+    assert {"--partition=gpu", "--time=0:09:00"} <= set(directives(answer["job_script"]))
+    assert state.list_states() == []
+
+    for bad, message in [
+        ({"n": 2, "dry_run": True}, "The local backend submits no job script."),
+        ({**body, "dry_run": "yes"}, "The option 'dry_run' must be true or false, not 'yes'."),
+        ({**body, "partition": "a b"}, "The Slurm option partition 'a b' is not valid"),
+    ]:
+        code, answer = await call(jp_fetch, "POST", "clusters", body=bad)
+        assert code == 400 and answer["message"].startswith(message), answer

@@ -1,58 +1,33 @@
-"""Backends: *where* node agents run. Composed with any engine kind."""
+"""Backends: *where* node agents run. Composed with any engine kind.
+
+Each backend declares its options once, as traits (see ``options``)."""
 
 from __future__ import annotations
 
 from ..errors import LoungeError
 from .base import Backend
+from .options import BACKENDS, backend_class, owner_of
 
-BACKENDS = ("local", "slurm", "ssh")
-#: The options a start request may give each backend (the magic's flags, the REST body).
-OPTIONS = {
-    "local": (),
-    "slurm": (
-        "partition",
-        "account",
-        "qos",
-        "time_limit",
-        "engines_per_node",
-        "cpus_per_engine",
-        "mem_per_engine",
-        "gpus_per_node",
-    ),
-    "ssh": ("pool", "inventory", "strict", "sync"),
-}
-
-
-def _ipython_config():
-    """The IPython profile's config (``c.SlurmBackend.partition = ...``), when in IPython."""
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-    except ImportError:
-        return None
-    return shell.config if shell is not None else None
+__all__ = ["BACKENDS", "Backend", "make_backend"]
 
 
 def make_backend(name: str, **options) -> Backend:
+    """The backend ``name`` with ``options`` (flags, REST fields, keywords) over the config
+    in effect here (``c.SlurmBackend.partition``), over its traits' defaults."""
+    cls = backend_class(name)
     if name == "local":
-        from .local import LocalBackend
-
         if options:
-            from .ssh import OPTIONS as SSH_OPTIONS
-
             option = sorted(options)[0]
-            owner = "ssh" if option in SSH_OPTIONS else "slurm"
+            owner = owner_of(option)
+            if owner is None:
+                raise LoungeError(
+                    f"The local backend takes no option {option!r}, and no backend has one of "
+                    f"that name: see `%lounge help`."
+                )
             raise LoungeError(
                 f"The local backend takes no option {option!r}; it is for --backend {owner}."
             )
-        return LocalBackend()
-    if name == "slurm":
-        from .slurm import SlurmBackend
+        return cls()
+    from ..config import load_config
 
-        return SlurmBackend(config=_ipython_config(), **options)
-    if name == "ssh":
-        from .ssh import SSHBackend
-
-        return SSHBackend(**options)
-    raise LoungeError(f"Unknown backend {name!r}: use one of {', '.join(BACKENDS)}.")
+    return cls(config=load_config(), **options)

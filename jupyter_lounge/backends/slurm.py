@@ -55,17 +55,40 @@ class SlurmBackend(Configurable, Backend):
     cancel_command = "scancel"
     status_command = "squeue"
 
-    partition = Unicode("", help="Slurm partition (-p); empty: the default one").tag(config=True)
-    account = Unicode("", help="account to charge (-A)").tag(config=True)
-    qos = Unicode("", help="quality of service (--qos)").tag(config=True)
-    time_limit = Unicode("", help="walltime, e.g. 1:00:00 (-t)").tag(config=True)
-    engines_per_node = Integer(8, help="engines one node agent forks").tag(config=True)
-    cpus_per_engine = Integer(1, help="CPUs reserved per engine").tag(config=True)
-    mem_per_engine = Unicode("", help="memory per engine, e.g. 2G or 500M").tag(config=True)
-    gpus_per_node = Integer(0, help="GPUs per node, asked for with --gres=gpu:N").tag(config=True)
-    extra_directives = List(Unicode(), help="more #SBATCH lines, e.g. --constraint=a100").tag(
-        config=True
+    # Each option once: its type, default and help; ``option=True`` makes it a flag of
+    # ``%lounge start`` and ``lounge start`` and a REST field too (see backends/options.py).
+    partition = Unicode(
+        "", help="Slurm partition (#SBATCH --partition); none: the cluster's default"
+    ).tag(config=True, option=True, metavar="P")
+    account = Unicode("", help="account to charge (#SBATCH --account)").tag(
+        config=True, option=True, metavar="A"
     )
+    qos = Unicode("", help="quality of service (#SBATCH --qos)").tag(
+        config=True, option=True, metavar="Q"
+    )
+    time_limit = Unicode("", help="walltime, e.g. 1:00:00 (#SBATCH --time)").tag(
+        config=True, option=True, flag="--time", metavar="1:00:00"
+    )
+    engines_per_node = Integer(
+        8,
+        help="engines one node agent forks: N engines take N/K nodes (#SBATCH --nodes, "
+        "--ntasks-per-node=1) unless --nodes M says how many",
+    ).tag(config=True, option=True, metavar="K", positive=True)
+    cpus_per_engine = Integer(1, help="CPUs reserved per engine (#SBATCH --cpus-per-task=K*C)").tag(
+        config=True, option=True, metavar="C", positive=True
+    )
+    mem_per_engine = Unicode(
+        "", help="memory per engine, e.g. 2G or 500M (#SBATCH --mem=K*2G)"
+    ).tag(config=True, option=True, metavar="2G")
+    gpus_per_node = Integer(
+        0,
+        help="GPUs per node (#SBATCH --gres=gpu:G); each engine gets its own "
+        "CUDA_VISIBLE_DEVICES from those",
+    ).tag(config=True, option=True, metavar="G")
+    # A list of raw directives: a flag (repeatable) only, as the sidebar has no field for it.
+    extra_directives = List(
+        Unicode(), help="any other #SBATCH directive, e.g. --constraint=a100"
+    ).tag(config=True, option=True, flag="--sbatch", metavar="--constraint=a100", rest=False)
     listen_ip = Unicode(
         "", help="address the controller listens on; default: the one that routes to the nodes"
     ).tag(config=True)

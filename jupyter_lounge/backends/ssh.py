@@ -16,38 +16,70 @@ import socket
 import sys
 from pathlib import Path
 
+from traitlets import Bool, TraitError, Unicode
+from traitlets.config import Configurable
+
 from .. import validate
 from ..errors import LoungeError
 from ..procs import kill_group, ours, spawn, started
 from ..sync import remote_path
 from .base import Backend
 
-OPTIONS = ("inventory", "pool", "known_hosts", "ssh_config", "strict", "sync")
 
-
-class SSHBackend(Backend):
+class SSHBackend(Configurable, Backend):
     name = "ssh"
     grows_in_place = True
 
-    def __init__(self, **options):
-        unknown = sorted(set(options) - set(OPTIONS))
+    # Each option once (see backends/options.py); ``option=True``: a flag and a REST field.
+    pool = Unicode("", help="the inventory pool whose nodes run the engines; none: every node").tag(
+        config=True, option=True, metavar="P"
+    )
+    inventory = Unicode(
+        "",
+        help="the lounge inventory; none: $JUPYTER_LOUNGE_INVENTORY or "
+        "~/.config/jupyter_lounge/lounge.toml",
+    ).tag(config=True, option=True, metavar="lounge.toml")
+    strict = Bool(False, help="fail the start if a node cannot be reached, not skip it").tag(
+        config=True, option=True
+    )
+    sync = Bool(
+        False, help="first ship this environment to the nodes that lack it (see lounge sync)"
+    ).tag(config=True, option=True)
+    known_hosts = Unicode(
+        "", help="known_hosts file for every node; none: each node's own, else ssh's"
+    ).tag(config=True)
+    ssh_config = Unicode("", help="an ssh_config file for every session (ssh -F)").tag(config=True)
+
+    def __init__(self, config=None, **options):
+        from .options import declared
+
+        known = [o.name for o in declared("ssh")]
+        unknown = sorted(set(options) - set(known))
         if unknown:
-            raise LoungeError(
-                f"Unknown ssh option {unknown[0]!r}: use one of {', '.join(OPTIONS)}."
-            )
+            raise LoungeError(f"Unknown ssh option {unknown[0]!r}: use one of {', '.join(known)}.")
+        options = {k: v for k, v in options.items() if v is not None}
         for key in ("inventory", "pool", "known_hosts", "ssh_config"):
-            if options.get(key) is not None:
+            if key in options:  # a number says "must be text", in our words, not traitlets'
                 validate.no_control(options[key], f"The ssh option {key}")
-                if options[key].startswith("-"):
-                    raise LoungeError(
-                        f"The ssh option {key} {options[key]!r} may not start with '-'."
-                    )
-        super().__init__(**options)
-        self.may_skip_nodes = not options.get("strict", False)
+        try:
+            Configurable.__init__(self, config=config, **options)
+        except TraitError as e:  # a value of the wrong type
+            raise LoungeError(f"An ssh option has a value of the wrong type: {e}") from None
+        Backend.__init__(self, **options)
+        self._check_values()
+        self.may_skip_nodes = not self.strict
         from .. import inventory
 
-        self.inventory = inventory.load(options.get("inventory"))
-        self.nodes = {n.name: n for n in self.inventory.select(options.get("pool"))}
+        self.inv = inventory.load(self.inventory or None)
+        self.nodes = {n.name: n for n in self.inv.select(self.pool or None)}
+
+    def _check_values(self) -> None:
+        """Paths and names that land on an ssh command line: one line each, never an option
+        of ssh's (config values too, not only flags)."""
+        for key in ("inventory", "pool", "known_hosts", "ssh_config"):
+            value = validate.no_control(getattr(self, key), f"The ssh option {key}")
+            if value.startswith("-"):
+                raise LoungeError(f"The ssh option {key} {value!r} may not start with '-'.")
 
     def plan(self, n: int, nodes: int | None) -> list[tuple[str | None, int]]:
         chosen = list(self.nodes.values())[: nodes or None]
@@ -55,7 +87,7 @@ class SSHBackend(Backend):
         if n > slots:
             raise LoungeError(
                 f"{n} engines do not fit on {len(chosen)} lounge node(s) with {slots} engine "
-                f"slots ({self.inventory.path}); ask for fewer or raise their 'engines'."
+                f"slots ({self.inv.path}); ask for fewer or raise their 'engines'."
             )
         plan, left = [], n
         for node in chosen:  # spread evenly, within each node's slots
@@ -111,9 +143,9 @@ class SSHBackend(Backend):
             "-p",
             str(node.port),
         ]
-        if self.options.get("ssh_config"):
-            cmd += ["-F", self.options["ssh_config"]]
-        known_hosts = self.options.get("known_hosts") or node.known_hosts
+        if self.ssh_config:
+            cmd += ["-F", self.ssh_config]
+        known_hosts = self.known_hosts or node.known_hosts
         if known_hosts:
             cmd += ["-o", f"UserKnownHostsFile={known_hosts}"]
         if node.key:
@@ -122,7 +154,7 @@ class SSHBackend(Backend):
             cmd += ["-l", node.user]
         return [*cmd, "--", node.host]  # then the remote command: one word, already quoted
 
-    async def sync(self, names: list[str] | None = None, force: bool = False) -> list[dict]:
+    async def sync_env(self, names: list[str] | None = None, force: bool = False) -> list[dict]:
         """Preposition this environment on the nodes (see ``jupyter_lounge.sync``); the agents
         started after it run the prepositioned python."""
         from ..sync import sync
@@ -134,13 +166,13 @@ class SSHBackend(Backend):
         from .. import sync
 
         synced = {}  # node -> fingerprint of the synced environment its agent runs
-        if self.options.get("sync"):
+        if self.sync:
             import warnings
 
             names = sorted({a["node"] for a in agents})
             synced = sync.remembered([self.nodes[n] for n in names])  # this very environment
             unknown = [n for n in names if n not in synced]
-            for row in await self.sync(unknown) if unknown else []:
+            for row in await self.sync_env(unknown) if unknown else []:
                 if row["status"].startswith("failed"):
                     warnings.warn(
                         f"Lounge node {row['node']!r}: the environment could not be synced "

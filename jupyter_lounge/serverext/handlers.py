@@ -18,6 +18,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 
 from ..errors import LoungeError, NoSuchCluster
+from . import requests
 from .session import ServerSession
 
 MANAGER = "jupyter_lounge_manager"  # its key in the web app's settings
@@ -86,7 +87,11 @@ class ClustersHandler(LoungeHandler):
     @authorized
     @answers_errors
     async def post(self) -> None:
-        name = await self.manager.create(self.json_body())
+        body = self.json_body()
+        if requests.dry_run(body):  # only the batch script it would submit: nothing starts
+            self.reply(200, {"job_script": requests.job_script(body)})
+            return
+        name = await self.manager.create(body)
         self.reply(202, {"name": name, "status": "starting"})
 
 

@@ -106,9 +106,11 @@ class ServerSession:
 
     async def interrupt_work(self, name: str) -> str:
         """Interrupt the running work on every engine of a running cluster (REST)."""
+        from ..faces import interrupted
+
         cluster = self._live(name)
         cluster.reload()
-        return await cluster.interrupt()
+        return interrupted(cluster, await cluster.interrupt())
 
     async def remove(self, name: str) -> None:
         """Stop the cluster and return when nothing of it is left (or forget a failed

@@ -1,0 +1,235 @@
+"""What each word of ``%lounge`` (the notebook face) and ``lounge`` (the shell face) does,
+written once for both: ``COMMANDS`` maps a command to a function of the parsed arguments and
+the face, which returns the text to print, or, in the magic, the Cluster a start or attach
+gives (the notebook keeps it). Where the faces differ, a ``Face`` says so:
+
+- the shell's clusters outlive the command (no stop at exit, no progress panel), and a
+  command about one cluster must name it; the magic's defaults to the current cluster, and
+  follows a start or a scale with the launch progress (``widgets.LaunchProgress``);
+- the shell says what it did (``Started ...``, ``Stopped ...``); the magic hands back the
+  cluster, whose display says it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import commands
+from .errors import LoungeError
+
+
+@dataclass(frozen=True)
+class Face:
+    prog: str  # how its commands are spelled: %lounge, lounge
+    shell: bool  # the CLI: clusters outlive the command; commands name their cluster
+
+    def cluster(self, name: str | None, how: str):
+        """The cluster a command is about: ``name``'s; unnamed, the magic's current one, and
+        in the shell a LoungeError saying ``how`` to name it."""
+        from .cluster import Cluster, current
+
+        if name:
+            return Cluster.attach(name)
+        if self.shell:
+            raise LoungeError(how)
+        return current()
+
+
+MAGIC = Face("%lounge", shell=False)
+SHELL = Face("lounge", shell=True)
+
+
+# -- the commands ------------------------------------------------------------------------------
+def _help(args: argparse.Namespace, face: Face) -> str:
+    return commands.usage(face.prog)
+
+
+def _start(args: argparse.Namespace, face: Face):
+    from .cluster import Cluster
+
+    keep = {"stop_at_exit": False} if face.shell else {}
+    cluster = Cluster(args.n, **keep, **commands.start_options(args))
+    if args.dry_run:
+        return job_script(cluster)
+    if not face.shell:
+        _follow(cluster)
+    cluster.start_sync()
+    if not face.shell:
+        return cluster
+    return (
+        f"Started {cluster.name}: {describe(cluster)}\n"
+        f"Attach with: from jupyter_lounge import Lounge; lounge = Lounge.attach("
+        f"{cluster.name!r})   or   %lounge attach {cluster.name}"
+    )
+
+
+def _scale(args: argparse.Namespace, face: Face) -> str | None:
+    how = "Say which cluster to scale: `lounge scale N --name NAME`."
+    cluster = face.cluster(args.name, how)
+    if not face.shell:
+        _follow(cluster)
+    cluster.scale_sync(args.n)
+    return f"Scaled {cluster.name} to {args.n} engines." if face.shell else None
+
+
+def _interrupt(args: argparse.Namespace, face: Face) -> str:
+    how = "Say which cluster to interrupt: `lounge interrupt NAME`."
+    cluster = face.cluster(args.name, how)
+    return interrupted(cluster, cluster.interrupt_sync())
+
+
+def _status(args: argparse.Namespace, face: Face) -> str:
+    from .cluster import current
+    from .manager import ClusterManager
+
+    manager = ClusterManager()
+    if args.name:
+        names = [args.name]
+    else:  # the shell shows every cluster; the magic its current one
+        names = manager.names() if face.shell else [current().name]
+    if not names:
+        return f"No cluster is running; start one with `{face.prog} start N`."
+    return "\n".join(commands.format_status(manager.status(name)) for name in names)
+
+
+def _list(args: argparse.Namespace, face: Face) -> str:
+    from .manager import ClusterManager
+
+    return commands.format_list(ClusterManager().list())
+
+
+def _nodes(args: argparse.Namespace, face: Face) -> str:
+    path, rows = node_rows(args.inventory, args.pool, args.live)
+    if args.live and not args.json:
+        rows = [commands.node_cells(row) for row in rows]
+    columns = commands.LIVE_COLUMNS if args.live else commands.NODE_COLUMNS
+    table = commands.format_rows(rows, columns, args.json)
+    return table if args.json else f"{path}:\n{table}"
+
+
+def _sync(args: argparse.Namespace, face: Face) -> str:
+    rows = sync_rows(args.inventory, args.pool, args.force)
+    return commands.format_rows(rows, commands.SYNC_COLUMNS, args.json)
+
+
+def _stop(args: argparse.Namespace, face: Face) -> str | None:
+    from .manager import ClusterManager
+
+    if not args.name and not face.shell:  # the current cluster, through its own handle
+        from .cluster import current
+
+        current().stop_sync(forget=args.forget)
+        return None
+    if not args.name:
+        raise LoungeError("Say which cluster to stop: `lounge stop NAME` (see `lounge list`).")
+    left = ClusterManager().stop(args.name, forget=args.forget)
+    lines = [f"Stopped what was left of it: {line}" for line in left]
+    if face.shell:
+        lines.append(f"{'Forgot' if args.forget else 'Stopped'} {args.name}.")
+    return "\n".join(lines) or None
+
+
+def _attach(args: argparse.Namespace, face: Face):
+    from .cluster import Cluster
+
+    cluster = Cluster.attach(args.name)
+    return f"{cluster.name}: {describe(cluster)}" if face.shell else cluster
+
+
+def _follow(cluster) -> None:
+    """The magic's launch progress: a panel (in a notebook) or lines, once agents are placed."""
+    from .widgets import LaunchProgress
+
+    if not any(isinstance(w, LaunchProgress) for w in cluster._watchers):
+        cluster.watch(LaunchProgress(cluster))
+
+
+# -- sentences of the cluster's data -----------------------------------------------------------
+def node_state(row: dict) -> str:
+    """A ``nodes_status`` row's status, with why in parentheses: ``in use (ana logged in)``."""
+    return f"{row['status']} ({row['why']})" if row.get("why") else row["status"]
+
+
+def describe(cluster) -> str:
+    """``3/4 ready; pc1: running 2/2, pc2: pending (...) 1/2``: where the engines are."""
+    try:
+        rows = cluster.nodes_status()
+    except Exception:  # noqa: BLE001 - a description must not fail
+        return "status unknown"
+    ready = sum(r["ready"] for r in rows)
+    per_node = ", ".join(f"{r['node']}: {node_state(r)} {r['ready']}/{r['target']}" for r in rows)
+    return f"{ready}/{cluster.n} ready; {per_node}"
+
+
+def interrupted(cluster, count: int) -> str:
+    """What an interrupt did, in one sentence (the faces' and the REST API's)."""
+    return (
+        f"Interrupted {count} engine{'s' if count != 1 else ''} of {cluster.name!r}: "
+        f"{cluster.kind.interrupt_note}."
+    )
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Face], object]] = {
+    "help": _help,
+    "start": _start,
+    "scale": _scale,
+    "interrupt": _interrupt,
+    "status": _status,
+    "list": _list,
+    "nodes": _nodes,
+    "sync": _sync,
+    "stop": _stop,
+    "attach": _attach,
+}
+
+
+def run(args: argparse.Namespace, face: Face):
+    """Do what the parsed command says, in ``face``'s way."""
+    return COMMANDS[args.command](args, face)
+
+
+# -- the work behind the tables ----------------------------------------------------------------
+def job_script(cluster) -> str:
+    """The batch script a start of ``cluster`` would submit; nothing is submitted, and the
+    cluster's folder, made to name the script's paths, is left only if it was there."""
+    folder = Path(cluster.dir)
+    fresh = not any(folder.iterdir())
+    try:
+        return cluster.job_script()
+    finally:
+        if fresh and not any(folder.iterdir()):
+            folder.rmdir()
+
+
+def _ssh_backend(inventory: str | None, pool: str | None):
+    from .backends import make_backend
+
+    return make_backend("ssh", inventory=inventory, pool=pool)  # c.SSHBackend applies
+
+
+def node_rows(inventory: str | None, pool: str | None, live: bool) -> tuple[Path, list[dict]]:
+    """The inventory's file and its nodes (of ``pool``): as written there, or, ``live``,
+    each node's state asked over SSH now."""
+    from ._loop import run_sync
+
+    backend = _ssh_backend(inventory, pool)  # an unknown pool is an error
+    if live:
+        from .survey import ask_lounge
+
+        return backend.inv.path, run_sync(ask_lounge(backend))
+    return backend.inv.path, [r for r in backend.inv.rows() if r["name"] in backend.nodes]
+
+
+def sync_rows(inventory: str | None, pool: str | None, force: bool) -> list[dict]:
+    """Preposition this environment on the lounge's nodes (of ``pool``): one row per node
+    saying what happened. Raises when no node has it afterwards."""
+    from ._loop import run_sync
+
+    rows = run_sync(_ssh_backend(inventory, pool).sync_env(force=force))
+    if not any(r["status"] in ("present", "shipped") for r in rows):
+        why = "; ".join(f"{r['node']}: {r['status'].removeprefix('failed: ')}" for r in rows)
+        raise LoungeError(f"No lounge node has the environment now ({why}).")
+    return rows
