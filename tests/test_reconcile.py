@@ -300,8 +300,7 @@ def test_retired_engines_are_absorbed_by_nodes_status_and_scale(make):
 # -- interrupt and stop ----------------------------------------------------------------------
 def test_interrupt_writes_a_fresh_token_to_every_control_file(make):
     c, b = started(make, 5, backend=FakeBackend(slots=2))
-    said = asyncio.run(c.interrupt())
-    assert said.startswith(f"Interrupted 5 engines of {c.name!r}: ")
+    assert asyncio.run(c.interrupt()) == 5  # engines that were running
     first = {a["key"]: agent_io(a)[0] for a in c.agents}
     asyncio.run(c.interrupt())
     second = {a["key"]: agent_io(a)[0] for a in c.agents}
