@@ -417,7 +417,11 @@ class Cluster:
         except Exception:  # noqa: BLE001 - the sentence must not fail
             return "status unknown"
         ready = sum(r["ready"] for r in rows)
-        per_node = ", ".join(f"{r['node']}: {r['status']} {r['ready']}/{r['target']}" for r in rows)
+        per_node = ", ".join(
+            f"{r['node']}: {r['status']}{f' ({why})' if (why := r['why']) else ''} "
+            f"{r['ready']}/{r['target']}"
+            for r in rows
+        )
         return f"{ready}/{self.n} ready; {per_node}"
 
     async def wait_for_engines(self, n: int | None = None, timeout: float | None = None) -> None:
