@@ -23,6 +23,13 @@ class GrowingCluster:
         ]
 
 
+def follow(cluster, **options) -> LaunchProgress:
+    """A progress panel watching ``cluster``, told its agents were just placed."""
+    progress = LaunchProgress(cluster, **options)
+    progress(cluster, "placed")
+    return progress
+
+
 def wait_done(progress, timeout=10):
     deadline = time.monotonic() + timeout
     while not progress.done and time.monotonic() < deadline:
@@ -31,7 +38,7 @@ def wait_done(progress, timeout=10):
 
 
 def test_text_progress_prints_each_change_until_full(capsys):
-    progress = LaunchProgress(GrowingCluster(), use_widget=False, interval=0.01)
+    progress = follow(GrowingCluster(), use_widget=False, interval=0.01)
     wait_done(progress)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "demo: 1/5 engines ready (a 1/3 running, b 0/2 running)"
@@ -40,7 +47,7 @@ def test_text_progress_prints_each_change_until_full(capsys):
 
 
 def test_widget_progress_has_a_bar_per_node():
-    progress = LaunchProgress(GrowingCluster(), use_widget=True, interval=0.01)
+    progress = follow(GrowingCluster(), use_widget=True, interval=0.01)
     wait_done(progress)
     bars = {
         bar.description: (bar.value, bar.max, bar.bar_style) for bar, _ in progress._bars.values()
@@ -52,6 +59,6 @@ def test_widget_progress_has_a_bar_per_node():
 def test_progress_stops_when_the_cluster_stops():
     cluster = GrowingCluster()
     cluster.status = "stopped"
-    progress = LaunchProgress(cluster, use_widget=False, interval=0.01)
+    progress = follow(cluster, use_widget=False, interval=0.01)
     wait_done(progress, timeout=2)
     assert cluster.ready == 0  # never polled

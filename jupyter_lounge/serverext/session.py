@@ -166,7 +166,7 @@ class ServerSession:
     # -- helpers -------------------------------------------------------------------------------
     def _survey(self):
         if self._machines is None:
-            from .survey import MachineSurvey
+            from ..survey import MachineSurvey
 
             self._machines = MachineSurvey()
         return self._machines
