@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[bench]"
 	$(PY) bench/launch.py
 	$(PY) bench/secure_launch.py
+	$(PY) bench/map_rate.py
 	tests/infra/reup 3 8 > .testbed.env
 	set -a; . ./.testbed.env; set +a; $(PY) bench/slurm_launch.py; rc=$$?; $(PY) bench/ssh_launch.py || rc=$$?; tests/infra/down; exit $$rc
 

@@ -106,9 +106,10 @@ class Cluster:
     # -- events ------------------------------------------------------------------------------
     def watch(self, callback) -> None:
         """Call ``callback(cluster, event)`` on each event: ``"placed"`` (agents were placed or
-        given new ranks: a start or a scale; engines are on their way), ``"running"`` (started),
-        ``"stopped"``. The faces follow a cluster this way (the magic's launch progress); the
-        cluster itself shows nothing."""
+        given new ranks: a start or a scale; engines are on their way), ``"running"``
+        (started), ``"waiting"`` (for its engines, before a cell runs on them), ``"stopped"``.
+        The faces follow a cluster this way (the magic's launch progress); the cluster itself
+        shows nothing."""
         self._watchers.append(callback)
 
     def _emit(self, event: str) -> None:
@@ -679,8 +680,25 @@ class Cluster:
 
         return map_items(self, fn, items, retries=retries, timeout=timeout, progress=progress)
 
-    def execute(self, code: str, timeout: float | None = None) -> None:
+    def execute(self, code: str, timeout: float | None = None) -> dict:
+        """Run ``code`` on every engine of the cluster (``%%lounge``), printing what each
+        printed. Waits first for all the engines wanted (a cell right after a start must not
+        run on the first one alone), up to the start timeout; if some never come it runs on
+        those that did. Returns ``ran``, ``target`` and ``missing``: the nodes_status rows of
+        the agents short of engines."""
+        self._emit("waiting")
+        try:
+            self.wait_for_engines_sync(self.n, self.timeout)
+        except LoungeTimeout:
+            pass  # run where it can; the answer says where it could not
+        rows = self.nodes_status()
+        ran = sum(r["ready"] for r in rows)
         self.kind.execute(self.client, code, timeout)
+        return {
+            "ran": ran,
+            "target": self.n,
+            "missing": [r for r in rows if r["ready"] < r["target"]],
+        }
 
     def job_script(self) -> str:
         """The batch script ``start`` (or the next scale-up) submits, for backends that

@@ -55,7 +55,7 @@ def _start(args: argparse.Namespace, face: Face):
     if args.dry_run:
         return job_script(cluster)
     if not face.shell:
-        _follow(cluster)
+        follow(cluster)
     cluster.start_sync()
     if not face.shell:
         return cluster
@@ -70,7 +70,7 @@ def _scale(args: argparse.Namespace, face: Face) -> str | None:
     how = "Say which cluster to scale: `lounge scale N --name NAME`."
     cluster = face.cluster(args.name, how)
     if not face.shell:
-        _follow(cluster)
+        follow(cluster)
     cluster.scale_sync(args.n)
     return f"Scaled {cluster.name} to {args.n} engines." if face.shell else None
 
@@ -139,7 +139,7 @@ def _attach(args: argparse.Namespace, face: Face):
     return f"{cluster.name}: {describe(cluster)}" if face.shell else cluster
 
 
-def _follow(cluster) -> None:
+def follow(cluster) -> None:
     """The magic's launch progress: a panel (in a notebook) or lines, once agents are placed."""
     from .widgets import LaunchProgress
 
@@ -162,6 +162,14 @@ def describe(cluster) -> str:
     ready = sum(r["ready"] for r in rows)
     per_node = ", ".join(f"{r['node']}: {node_state(r)} {r['ready']}/{r['target']}" for r in rows)
     return f"{ready}/{cluster.n} ready; {per_node}"
+
+
+def ran(where: dict) -> str | None:
+    """After ``%%lounge``: which engines it could not reach (None: it reached every one)."""
+    if where["ran"] >= where["target"]:
+        return None
+    short = ", ".join(f"{r['node']} {node_state(r)}" for r in where["missing"])
+    return f"ran on {where['ran']} of {where['target']} engines; {short}\n"
 
 
 def interrupted(cluster, count: int) -> str:

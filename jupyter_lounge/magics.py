@@ -21,7 +21,11 @@ class LoungeMagics(Magics):
         try:
             if cell is not None:
                 name = line.strip() or None
-                faces.MAGIC.cluster(name, "").execute(cell)
+                cluster = faces.MAGIC.cluster(name, "")
+                faces.follow(cluster)  # a cell right after a start waits for every engine
+                short = faces.ran(cluster.execute(cell))
+                if short:
+                    print(short, end="")
                 return None
             return self._line(shlex.split(line))
         except LoungeError as e:

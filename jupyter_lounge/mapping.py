@@ -1,21 +1,230 @@
-"""``lounge.map``: one task per item, load-balanced, retried if its engine dies, into a table."""
+"""``lounge.map``: items sent in batches to every engine, the function shipped once, into a table.
+
+The map driver runs here, beside the client. It pickles the function (and its closure) once
+and sends it with the first batch to each engine, which keeps it by the hash of that pickle
+(``tasks.run_batch``); later batches carry only items. Batches are sized from the measured
+time per item: about ``TARGET_S`` of work each, so the round trip is amortised over tiny
+items while slow ones go one by one, and never more than a fair share of what is left, so
+every engine stays busy to the end. Each engine has ``IN_FLIGHT`` batches at most: one
+running, one waiting, never a pile. A batch whose engine died (its future fails, or the
+engine is no longer registered) puts its items back at the front of the queue, to run
+elsewhere, up to ``retries`` times each; an item's own error is its row, never retried.
+
+The result is a DataFrame in input order, one row per item: the parameters (a dict item's
+keys, else ``item``), ``result`` and, when every result is a dict, its keys, then ``error``,
+``engine``, ``node``, ``host``, ``seconds``.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import math
 import time
+from collections import deque
 from typing import Any
 
 from .errors import LoungeError, LoungeTimeout
-from .tasks import run_item
+from .tasks import run_batch
+
+TARGET_S = 0.1  # seconds of work one batch should hold, once the time per item is known
+FIRST_BATCH = 1  # items in a batch before any item was timed
+MAX_BATCH = 20_000  # items in one batch, however tiny they are
+IN_FLIGHT = 2  # batches per engine at once: one running, one on its way
+LOOK_EVERY_S = 0.5  # how often the driver asks which engines are registered
 
 
-def _payloads(fn, items: list) -> list[bytes]:
-    import cloudpickle
+class _Driver:
+    def __init__(self, cluster, fn, items: list, retries: int, timeout: float | None):
+        import cloudpickle
 
-    return [
-        cloudpickle.dumps((fn, (), item) if isinstance(item, dict) else (fn, (item,), {}))
-        for item in items
-    ]
+        self.kind, self.client, self.cluster = cluster.kind, cluster.client, cluster
+        self.items, self.retries = items, retries
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.timeout = timeout
+        function = cloudpickle.dumps(fn, protocol=5)
+        self.key = hashlib.sha256(function).hexdigest()[:16]
+        self.function = self.kind.share(self.client, function)
+        n = len(items)
+        self.todo: deque[int] = deque(range(n))
+        self.result: list[Any] = [None] * n
+        self.error: list[str | None] = [None] * n
+        self.engine = [-1] * n
+        self.node = [""] * n
+        self.host = [""] * n
+        self.seconds = [math.nan] * n
+        self.tries = [0] * n
+        self.left = n
+        self.flying: dict[Any, tuple[Any, list[int]]] = {}  # future -> (engine, item indices)
+        self.has_function: set = set()  # engines that were sent the function
+        self.per_item: float | None = None  # seconds of work per item, smoothed
+        self.engines: list = []
+        self.looked = 0.0
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, bar) -> None:
+        while self.left:
+            self._look()
+            self._fill()
+            if not self.flying:
+                self._idle()
+                continue
+            self.kind.wait_any(list(self.flying), 0.05)
+            for future in [f for f in self.flying if f.done()]:
+                bar.update(self._take(future))
+            self._check_deadline()
+
+    def _look(self) -> None:
+        """Which engines are registered; the batches of any that left go back in the queue."""
+        now = time.monotonic()
+        if now - self.looked < LOOK_EVERY_S and self.engines:
+            return
+        self.looked = now
+        self.engines = self.kind.engines(self.client)
+        here = set(self.engines)
+        self.has_function &= here
+        for future, (engine, indices) in list(self.flying.items()):
+            if engine not in here and not future.done():
+                del self.flying[future]
+                future.cancel()
+                self._lost(indices, f"its engine ({engine}) left the cluster")
+
+    def _fill(self) -> None:
+        """Give each engine batches until it has ``IN_FLIGHT``."""
+        busy: dict[Any, int] = {}
+        for engine, _ in self.flying.values():
+            busy[engine] = busy.get(engine, 0) + 1
+        for _ in range(IN_FLIGHT):
+            for engine in list(self.engines):
+                if not self.todo:
+                    return
+                if busy.get(engine, 0) < IN_FLIGHT:
+                    self._send(engine, self._batch())
+                    busy[engine] = busy.get(engine, 0) + 1
+
+    def _batch(self) -> list[int]:
+        left = len(self.todo)
+        fair = math.ceil(left / (max(1, len(self.engines)) * 4))
+        want = FIRST_BATCH if self.per_item is None else TARGET_S / max(self.per_item, 1e-7)
+        size = max(1, min(int(want), fair, MAX_BATCH))
+        return [self.todo.popleft() for _ in range(min(size, left))]
+
+    def _send(self, engine, indices: list[int]) -> None:
+        import cloudpickle
+
+        first, last = indices[0], indices[-1]
+        if last - first == len(indices) - 1:  # the usual: a run of the queue
+            items = self.items[first : last + 1]
+        else:  # items put back after a lost batch
+            items = [self.items[i] for i in indices]
+        batch = cloudpickle.dumps(items, protocol=5)
+        function = None if engine in self.has_function else self.function
+        try:
+            future = self.kind.submit_to(self.client, engine, run_batch, self.key, batch, function)
+        except Exception:  # noqa: BLE001 - it left since the last look: not a try of these
+            self.todo.extendleft(reversed(indices))
+            self.engines = [e for e in self.engines if e != engine]
+            self.looked = 0.0
+            return
+        self.has_function.add(engine)
+        self.flying[future] = (engine, indices)
+
+    def _take(self, future) -> int:
+        """Record a finished batch; the number of items it finished."""
+        engine, indices = self.flying.pop(future)
+        try:
+            out = self.kind.outcome(future)
+        except Exception as e:  # noqa: BLE001 - the engine died or could not send it back
+            self._lost(indices, f"{type(e).__name__}: {e}")
+            return 0
+        if "missing" in out:  # a new engine behind an old id: send the function again
+            self.has_function.discard(engine)
+            self.todo.extendleft(reversed(indices))
+            return 0
+        first, last, k = indices[0], indices[-1], len(indices)
+        if last - first == k - 1:  # a run: whole slices at once (a million items stay cheap)
+            self.result[first : last + 1] = out["results"]
+            self.seconds[first : last + 1] = out["seconds"]
+            self.engine[first : last + 1] = [out["engine"]] * k
+            self.node[first : last + 1] = [out["node"]] * k
+            self.host[first : last + 1] = [out["host"]] * k
+        else:
+            for i, result, seconds in zip(indices, out["results"], out["seconds"]):
+                self.result[i], self.seconds[i] = result, seconds
+                self.engine[i], self.node[i], self.host[i] = out["engine"], out["node"], out["host"]
+        for position, error in out["errors"].items():
+            self.error[indices[int(position)]] = error
+        work = sum(out["seconds"]) / len(indices)
+        self.per_item = work if self.per_item is None else 0.5 * (self.per_item + work)
+        self.left -= len(indices)
+        return len(indices)
+
+    def _lost(self, indices: list[int], why: str) -> None:
+        """Items whose batch was lost: back to the front of the queue, or, after ``retries``
+        tries each, a row saying so."""
+        again = []
+        for i in indices:
+            self.tries[i] += 1
+            if self.tries[i] > self.retries:
+                self.error[i] = f"lost: {why}"
+                self.left -= 1
+            else:
+                again.append(i)
+        self.todo.extendleft(reversed(again))
+
+    def _idle(self) -> None:
+        """No batch is out: no engine yet, or none left. Wait for one, or say why not."""
+        reason = _all_engines_gone(self.cluster)
+        if reason:  # nothing is left to run them: report them, do not hang
+            self._lost_all(reason)
+            return
+        self._check_deadline()
+        time.sleep(0.05)
+        self.looked = 0.0  # ask again at once
+
+    def _lost_all(self, reason: str) -> None:
+        for i in self.todo:
+            self.error[i] = f"lost: {reason}"
+        self.left -= len(self.todo)
+        self.todo.clear()
+
+    def _check_deadline(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            for future in self.flying:
+                future.cancel()
+            raise LoungeTimeout(
+                f"Timed out after {self.timeout:g} s waiting for map results: "
+                f"{self.left} of {len(self.items)} items unfinished."
+            )
+
+    # -- the table -----------------------------------------------------------------------------
+    def table(self):
+        import pandas as pd
+
+        n = len(self.items)
+        if n and not any(isinstance(item, dict) for item in self.items):
+            columns: dict[str, list] = {"item": self.items}
+        else:
+            params = [
+                dict(item) if isinstance(item, dict) else {"item": item} for item in self.items
+            ]
+            keys = list(dict.fromkeys(k for p in params for k in p))
+            columns = {k: [p.get(k) for p in params] for k in keys}
+        columns["result"] = self.result
+        results = [r for r, e in zip(self.result, self.error) if e is None]
+        if results and all(isinstance(r, dict) for r in results):
+            for key in dict.fromkeys(k for r in results for k in r):
+                if key not in columns:
+                    columns[key] = [
+                        r.get(key) if isinstance(r, dict) else None for r in self.result
+                    ]
+        columns.update(
+            error=self.error,
+            engine=self.engine,
+            node=self.node,
+            host=self.host,
+            seconds=self.seconds,
+        )
+        return pd.DataFrame(columns, index=range(n))
 
 
 def map_items(
@@ -23,46 +232,18 @@ def map_items(
 ):
     """Run ``fn`` on every item; a dict item is passed as keyword arguments (a sweep).
 
-    Returns a DataFrame in input order: the parameters, ``result`` (and, when every result
-    that did not fail is a dict, its keys as columns), ``error``, ``engine``, ``node``,
-    ``host``, ``seconds``.
+    Returns a DataFrame in input order (see the module's docstring for its columns).
     """
-    import pandas as pd
+    from tqdm.auto import tqdm
 
     if not callable(fn):
         raise LoungeError(f"map needs a function to call, not {type(fn).__name__}.")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise LoungeError(f"retries must be a whole number of 0 or more, not {retries!r}.")
-    items = list(items)
-    futures = cluster.kind.submit_all(cluster.client, run_item, _payloads(fn, items), retries)
-    lost = _wait(futures, timeout, progress, lambda: _all_engines_gone(cluster))
-    rows = []
-    for i, (item, fut) in enumerate(zip(items, futures)):
-        row: dict[str, Any] = dict(item) if isinstance(item, dict) else {"item": item}
-        try:
-            if i in lost:
-                raise LoungeError(f"lost: {lost[i]}")
-            out = fut.result()
-        except Exception as e:  # noqa: BLE001 - the engine died more often than retried
-            out = {
-                "result": None,
-                "error": f"{type(e).__name__}: {e}",
-                "engine": -1,
-                "node": "",
-                "host": "",
-                "seconds": float("nan"),
-            }
-        row.update(out)
-        rows.append(row)
-    df = pd.DataFrame(rows)
-    results = [r["result"] for r in rows if r["error"] is None]
-    if results and all(isinstance(r, dict) for r in results):
-        for key in dict.fromkeys(k for r in results for k in r):
-            if key not in df.columns:
-                df[key] = [
-                    r["result"].get(key) if isinstance(r["result"], dict) else None for r in rows
-                ]
-    return df
+    driver = _Driver(cluster, fn, list(items), retries, timeout)
+    with tqdm(total=len(driver.items), disable=not progress, desc="lounge.map", unit="item") as bar:
+        driver.run(bar)
+    return driver.table()
 
 
 def _all_engines_gone(cluster) -> str | None:
@@ -71,35 +252,3 @@ def _all_engines_gone(cluster) -> str | None:
     if rows and all(r["status"] in ("lost", "failed", "stopped", "controller-lost") for r in rows):
         return "; ".join(dict.fromkeys(str(r["error"] or r["status"]) for r in rows))
     return None
-
-
-def _wait(futures: list, timeout: float | None, progress: bool, gone) -> dict[int, str]:
-    """Wait for every future; return {index: reason} for those given up as lost."""
-    from tqdm.auto import tqdm
-
-    pending = set(range(len(futures)))
-    deadline = None if timeout is None else time.monotonic() + timeout
-    next_check = time.monotonic() + 1.0
-    with tqdm(total=len(futures), disable=not progress, desc="lounge.map", unit="item") as bar:
-        while pending:
-            done = {i for i in pending if futures[i].done()}
-            if done:
-                bar.update(len(done))
-                pending -= done
-                continue
-            if time.monotonic() > next_check:
-                next_check = time.monotonic() + 1.0
-                reason = gone()
-                if reason:  # nothing is left to run them: report them, do not hang
-                    for i in pending:
-                        futures[i].cancel()
-                    return dict.fromkeys(pending, reason)
-            if deadline is not None and time.monotonic() > deadline:
-                for i in pending:
-                    futures[i].cancel()
-                raise LoungeTimeout(
-                    f"Timed out after {timeout:g} s waiting for map results: "
-                    f"{len(pending)} of {len(futures)} items unfinished."
-                )
-            time.sleep(0.05)
-    return {}

@@ -10,30 +10,53 @@ import traceback
 _namespace: dict = {"__name__": "__lounge__"}
 
 
-def run_item(payload: bytes) -> dict:
-    """Run ``fn(*args, **kwargs)`` from a cloudpickled payload; report where and how long.
+#: The functions of the maps this engine ran, by the hash of their pickle: each is shipped
+#: and unpickled once per engine, not once per item (a closure may hold a 40 MB array).
+_functions: dict[str, object] = {}
+KEEP_FUNCTIONS = 4
+#: How many times a map's function was unpickled here (what tests count).
+loads: dict[str, int] = {}
 
-    A user error is returned as text (not raised), so a retry only ever repeats an item
-    whose engine died, never one that failed on its own.
+
+def run_batch(key: str, batch: bytes, function: bytes | None = None) -> dict:
+    """Run one batch of a map: ``fn(**item)`` for each dict item of the cloudpickled list
+    ``batch``, ``fn(item)`` for any other, where ``fn`` is the map's function (``function``:
+    its pickle, sent with the first batch to each engine; later batches name it by ``key``
+    alone).
+
+    Returns each item's result and seconds, the errors by position (an item's failure is
+    its row, never the batch's: only an engine that died loses a batch), and where it ran.
+    ``{"missing": key}`` when the function is not here (the driver sends it again).
     """
     import cloudpickle
 
-    fn, args, kwargs = cloudpickle.loads(payload)
-    start = time.perf_counter()
-    result, error = None, None
-    try:
-        result = fn(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001 - the item's failure becomes its row
-        error = f"{type(e).__name__}: {e}"
-        tb = traceback.format_exc(limit=-3)
-        error = f"{error}\n{tb}" if tb else error
+    fn = _functions.get(key)
+    if fn is None:
+        if function is None:
+            return {"missing": key}
+        fn = _functions[key] = cloudpickle.loads(function)
+        loads[key] = loads.get(key, 0) + 1
+        while len(_functions) > KEEP_FUNCTIONS:
+            _functions.pop(next(iter(_functions)))
+    items = cloudpickle.loads(batch)
+    results, seconds, errors = [], [], {}
+    clock = time.perf_counter
+    for i, item in enumerate(items):
+        start = clock()
+        try:
+            results.append(fn(**item) if isinstance(item, dict) else fn(item))
+        except Exception as e:  # noqa: BLE001 - the item's failure becomes its row
+            results.append(None)
+            tb = traceback.format_exc(limit=-3)
+            errors[i] = f"{type(e).__name__}: {e}" + (f"\n{tb}" if tb else "")
+        seconds.append(clock() - start)
     return {
-        "result": result,
-        "error": error,
+        "results": results,
+        "seconds": seconds,
+        "errors": errors,
         "engine": int(os.environ.get("LOUNGE_RANK", "-1")),
         "node": os.environ.get("LOUNGE_NODE", ""),
         "host": socket.gethostname(),
-        "seconds": time.perf_counter() - start,
     }
 
 

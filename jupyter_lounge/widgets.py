@@ -20,8 +20,9 @@ def _in_notebook() -> bool:
 
 class LaunchProgress:
     """Follows a cluster's launch (a watcher: ``cluster.watch(LaunchProgress(cluster))``): on
-    each ``"placed"`` event it looks at ``nodes_status`` every ``interval`` seconds, on the
-    lounge's own event loop, until every engine is in, the cluster stops, or ``timeout``."""
+    each ``"placed"`` (or ``"waiting"``) event it looks at ``nodes_status`` every ``interval``
+    seconds, on the lounge's own event loop, until every engine is in, the cluster stops, or
+    ``timeout``."""
 
     def __init__(
         self,
@@ -45,7 +46,7 @@ class LaunchProgress:
     def __call__(self, cluster, event: str) -> None:
         if event == "stopped":
             self.done = True
-        elif event == "placed" and (self._following is None or self._following.done()):
+        elif event in ("placed", "waiting") and (self._following is None or self._following.done()):
             import asyncio
 
             from ._loop import _background_loop
@@ -111,6 +112,8 @@ class LaunchProgress:
                 rows = await asyncio.to_thread(self.cluster.nodes_status)
             except Exception:  # noqa: BLE001 - the controller may still be starting
                 rows = []
+            if self.done:  # stopped while we looked: nothing more to show
+                break
             if rows:
                 text = self.render(rows)
                 if self.widget is None and text != self._last:

@@ -54,6 +54,27 @@ def test_magics_start_cell_scale_status_stop(ip, capsys, kind):
     assert state.list_states() == []
 
 
+@pytest.mark.parametrize("kind", ["ipyparallel", "dask"])
+def test_a_cell_right_after_start_runs_on_every_engine(ip, capsys, kind):
+    """`%lounge start 4` returns once the first engine is in; the cell that follows at once
+    waits for the other three instead of running on one."""
+    ip.run_line_magic("lounge", f"start 4 --engines {kind} --name quick")
+    capsys.readouterr()
+    ip.run_cell_magic("lounge", "", "import os\nprint('rank', os.environ['LOUNGE_RANK'])")
+    out = capsys.readouterr().out
+    assert all(f"rank {r}" in out for r in range(4)), out
+    assert "ran on" not in out  # it reached all of them
+    ip.run_line_magic("lounge", "stop")
+
+
+def test_a_cell_says_which_engines_it_could_not_reach():
+    from jupyter_lounge.faces import ran
+
+    row = {"node": "node2", "status": "lost", "why": None, "ready": 0, "target": 2}
+    assert ran({"ran": 8, "target": 8, "missing": []}) is None
+    assert ran({"ran": 6, "target": 8, "missing": [row]}) == "ran on 6 of 8 engines; node2 lost\n"
+
+
 @pytest.mark.parametrize(
     "line, expected",
     [

@@ -9,7 +9,6 @@ controlled.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -111,11 +110,29 @@ class EngineKind:
         """(node, rank) of every engine registered now."""
         raise NotImplementedError
 
-    def submit_all(
-        self, client: Any, fn: Any, payloads: Iterable[bytes], retries: int
-    ) -> list[Future]:
-        """Submit ``fn(payload)`` for each payload, load-balanced; futures in input order."""
+    # -- what the map driver (mapping.py) needs ----------------------------------------------
+    def engines(self, client: Any) -> list:
+        """The engines registered now, as ``submit_to`` names them."""
         raise NotImplementedError
+
+    def share(self, client: Any, data: bytes) -> Any:
+        """``data`` (a map's function) as it is best handed to ``submit_to`` once per engine:
+        the bytes themselves, or a reference the engines fetch."""
+        return data
+
+    def submit_to(self, client: Any, engine: Any, fn: Any, *args: Any) -> Future:
+        """Run ``fn(*args)`` on that engine alone; a future of its result."""
+        raise NotImplementedError
+
+    def wait_any(self, futures: list, timeout: float) -> None:
+        """Return once one of ``futures`` is done, or after ``timeout`` seconds."""
+        import concurrent.futures
+
+        concurrent.futures.wait(futures, timeout, concurrent.futures.FIRST_COMPLETED)
+
+    def outcome(self, future: Any) -> Any:
+        """The result of a done future; raises when its engine could not give one."""
+        return future.result()
 
     def execute(self, client: Any, code: str, timeout: float | None) -> None:
         """Run code on every engine, printing each engine's output as it arrives."""

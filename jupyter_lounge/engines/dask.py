@@ -286,8 +286,21 @@ class DaskEngines(EngineKind):
         workers = client.scheduler_info(n_workers=-1)["workers"].values()
         return [parse_engine_name(w.get("name", "")) or ("?", -1) for w in workers]
 
-    def submit_all(self, client, fn, payloads, retries):
-        return [client.submit(fn, p, pure=False, retries=retries) for p in payloads]
+    def engines(self, client):
+        return list(client.scheduler_info(n_workers=-1)["workers"])
+
+    def share(self, client, data):
+        # once to one worker; the others fetch it from a peer when their first batch needs it
+        return client.scatter(data, hash=False)
+
+    def submit_to(self, client, engine, fn, *args):
+        return client.submit(fn, *args, workers=[engine], allow_other_workers=False, pure=False)
+
+    def wait_any(self, futures, timeout):
+        # distributed.wait needs a default client, and ours is not one: look every 2 ms
+        deadline = time.monotonic() + timeout
+        while not any(f.done() for f in futures) and time.monotonic() < deadline:
+            time.sleep(0.002)
 
     def execute(self, client, code, timeout):
         from ..tasks import exec_cell

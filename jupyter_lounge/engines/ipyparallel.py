@@ -133,10 +133,14 @@ class IPyParallelEngines(EngineKind):
         engines = dict(client._engines)  # id -> ident "node/rank/nonce"; copy: IO thread writes
         return [parse_engine_name(engines.get(eid, "")) or ("?", eid) for eid in client.ids]
 
-    def submit_all(self, client, fn, payloads, retries):
-        view = client.load_balanced_view()
-        view.retries = retries
-        return [view.apply_async(fn, p) for p in payloads]
+    def engines(self, client):
+        return list(client.ids)
+
+    def submit_to(self, client, engine, fn, *args):
+        return client.direct_view(engine).apply_async(fn, *args)
+
+    def outcome(self, future):
+        return future.get()
 
     def execute(self, client, code, timeout):
         if not client.ids:

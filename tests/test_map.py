@@ -1,0 +1,210 @@
+"""lounge.map on real engines: batches, the function shipped once, every item one row in input
+order whatever happens to an engine. (A testbed node powered off mid-map: test_ssh.py and
+test_slurm.py, test_node_power_cut_mid_map_loses_no_item.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from jupyter_lounge import Lounge
+from jupyter_lounge.mapping import _Driver
+
+from .conftest import wait_until
+
+KINDS = ["ipyparallel", "dask"]
+
+
+@pytest.fixture(params=KINDS)
+def cluster(request, lounge_dir):
+    cluster = Lounge(4, engines=request.param, wait=True).start_sync()
+    yield cluster
+    cluster.stop_sync()
+
+
+def test_a_hundred_thousand_items_every_row_in_input_order(cluster):
+    def twice_or_fail(v):
+        if v % 9973 == 0 and v:
+            raise ValueError(f"no {v}")
+        return 2 * v
+
+    n = 100_000
+    df = cluster.map(twice_or_fail, range(n), progress=False)
+    assert len(df) == n and list(df["item"]) == list(range(n))
+    failed = {v for v in range(1, n) if v % 9973 == 0}
+    assert set(df.index[df.error.notna()]) == failed  # an item's error is its own row
+    assert all(df.error[v].startswith(f"ValueError: no {v}") for v in failed)
+    ok = df[df.error.isna()]
+    assert (ok.result == 2 * ok.item).all()
+    assert set(df.engine) == {0, 1, 2, 3}  # every engine took batches
+    assert (df.node != "").all() and (df.host != "").all() and (ok.seconds >= 0).all()
+
+
+def test_a_sweep_keeps_its_parameters_first_and_the_result_keys_right_after(cluster):
+    grid = [{"lr": lr, "units": u} for lr in (0.1, 0.01) for u in (8, 16)]
+    df = cluster.map(lambda lr, units: {"loss": lr * units, "ok": True}, grid, progress=False)
+    assert list(df.columns) == [
+        *("lr", "units", "result", "loss", "ok", "error"),
+        *("engine", "node", "host", "seconds"),
+    ]
+    assert list(df.loss) == [g["lr"] * g["units"] for g in grid]
+
+
+def loads_on_engines(cluster) -> dict:
+    def loads():
+        from jupyter_lounge import tasks
+
+        return dict(tasks.loads)
+
+    if cluster.kind.name == "dask":
+        return dict(cluster.client.run(loads))
+    return dict(zip(cluster.client.ids, cluster.client[:].apply_sync(loads)))
+
+
+def test_the_function_and_its_closure_travel_once_per_engine(cluster):
+    import numpy as np
+
+    weights = np.arange(1_000_000, dtype=np.float64)  # 8 MB the function closes over
+    before = loads_on_engines(cluster)
+    df = cluster.map(lambda i: float(weights[i]), range(2000), progress=False)
+    assert df.error.isna().all() and list(df.result) == [float(i) for i in range(2000)]
+    after = loads_on_engines(cluster)
+    new = {
+        engine: {k: v - before.get(engine, {}).get(k, 0) for k, v in seen.items()}
+        for engine, seen in after.items()
+    }
+    counts = [count for seen in new.values() for count in seen.values() if count]
+    assert counts == [1] * len(counts) and len(counts) == df.engine.nunique() == 4
+
+
+def test_an_engine_killed_mid_batch_loses_no_item_and_doubles_none(cluster):
+    def slow(v):
+        import time
+
+        time.sleep(0.02)
+        return v, os.getpid()
+
+    victim = next(e["pid"] for e in cluster.engines() if e["rank"] == 1)
+    threading.Timer(1.0, os.kill, (victim, signal.SIGKILL)).start()
+    df = cluster.map(slow, range(400), progress=False, timeout=120)
+    assert df.error.isna().all(), df.error.dropna().tolist()
+    assert [r[0] for r in df.result] == list(range(400))  # each once, in order
+    pids = {r[1] for r in df.result}
+    assert victim in pids and len(pids) >= 4  # it ran some, then its rank's new engine did
+    wait_until(lambda: len(cluster.registered()) == 4, 30, "the killed engine's replacement")
+
+
+def test_batches_grow_from_the_measured_time_per_item_and_stay_fair():
+    class Kind:  # no engine: only the driver's sizing is looked at
+        def share(self, client, data):
+            return data
+
+    class Cluster:
+        kind, client = Kind(), None
+
+    driver = _Driver(Cluster(), len, list(range(100_000)), retries=1, timeout=None)
+    driver.engines = list(range(8))
+    assert len(driver._batch()) == 1  # nothing timed yet: one item, to measure
+    driver.per_item = 1e-6  # tiny items: as many as a tenth of a second holds, within limits
+    assert len(driver._batch()) == 3125  # a fair share: a quarter of what each engine has left
+    driver.todo.extend(range(10_000_000))
+    assert len(driver._batch()) == 20_000  # never more than MAX_BATCH
+    driver.per_item = 1.0  # one second each: one at a time, so none piles up on one engine
+    assert len(driver._batch()) == 1
+
+
+class InProcess:
+    """An engine kind whose engines run batches here, at once (pure driver logic): engine
+    ``doomed`` fails its first ``fail`` batches as a dead engine would."""
+
+    name = "fake"
+
+    def __init__(self, engines=(0, 1, 2), doomed=None, fail=0):
+        self.ids, self.doomed, self.fail, self.sent = list(engines), doomed, fail, []
+
+    def engines(self, client):
+        return list(self.ids)
+
+    def share(self, client, data):
+        return data
+
+    def submit_to(self, client, engine, fn, *args):
+        from concurrent.futures import Future
+
+        self.sent.append((engine, args[2] is not None))  # did it carry the function?
+        future = Future()
+        if engine == self.doomed and self.fail:
+            self.fail -= 1
+            future.set_exception(RuntimeError(f"engine {engine} died"))
+        else:
+            future.set_result(fn(*args))
+        return future
+
+    def wait_any(self, futures, timeout):
+        pass
+
+    def outcome(self, future):
+        return future.result()
+
+
+def drive(kind, items, retries=1):
+    from jupyter_lounge import tasks
+
+    tasks._functions.clear()  # each fake engine is this process: start without the function
+
+    class Cluster:
+        client = None
+
+        def nodes_status(self):
+            return [{"status": "running", "error": None}]
+
+    Cluster.kind = kind
+    driver = _Driver(Cluster(), lambda v: v * 10, items, retries=retries, timeout=30)
+
+    class Bar:
+        def update(self, n):
+            pass
+
+    driver.run(Bar())
+    return driver.table()
+
+
+def test_a_lost_batch_runs_again_elsewhere_and_keeps_its_rows():
+    kind = InProcess(doomed=1, fail=1)
+    df = drive(kind, list(range(50)))
+    assert list(df.result) == [v * 10 for v in range(50)] and df.error.isna().all()
+
+
+def test_an_item_lost_more_often_than_retries_says_so_in_its_row():
+    kind = InProcess(engines=[1], doomed=1, fail=10)
+    df = drive(kind, list(range(3)), retries=2)
+    assert list(df.error) == ["lost: RuntimeError: engine 1 died"] * 3
+
+
+def test_the_function_goes_with_the_first_batch_to_each_engine_only():
+    kind = InProcess(engines=[0, 1, 2])
+    drive(kind, list(range(200)))
+    first = {}
+    for engine, carried in kind.sent:
+        first.setdefault(engine, carried)
+        if engine in first and first[engine] is not carried:
+            assert not carried  # later batches: the key alone
+    assert first == {0: True, 1: True, 2: True}
+
+
+def test_an_engine_that_lost_the_function_is_sent_it_again():
+    from jupyter_lounge import tasks
+
+    class Forgetful(InProcess):  # a restarted engine behind the same id
+        def submit_to(self, client, engine, fn, *args):
+            if len(self.sent) == 3:
+                tasks._functions.clear()
+            return super().submit_to(client, engine, fn, *args)
+
+    kind = Forgetful(engines=[0])
+    df = drive(kind, list(range(100)))
+    assert list(df.result) == [v * 10 for v in range(100)] and df.error.isna().all()
+    assert [carried for _, carried in kind.sent][:5] == [True, False, False, False, True]
