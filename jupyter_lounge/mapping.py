@@ -1,7 +1,8 @@
 """``lounge.map``: items sent in batches to every engine, the function shipped once, into a table.
 
 The map driver runs here, beside the client. It pickles the function (and its closure) once
-and sends it with the first batch to each engine, which keeps it by the hash of that pickle
+and sends it with the first batch to one engine per node, which keeps it by the hash of that
+pickle and leaves a copy in its agent's private folder for the engines beside it
 (``tasks.run_batch``); later batches carry only items. Batches are sized from the measured
 time per item: about ``TARGET_S`` of work each, so the round trip is amortised over tiny
 items while slow ones go one by one, and never more than a fair share of what is left, so
@@ -31,6 +32,7 @@ FIRST_BATCH = 1  # items in a batch before any item was timed
 MAX_BATCH = 20_000  # items in one batch, however tiny they are
 IN_FLIGHT = 2  # batches per engine at once: one running, one on its way
 LOOK_EVERY_S = 0.5  # how often the driver asks which engines are registered
+SHARE_WAIT_S = 30.0  # how long an engine waits for the copy of the function its sibling got
 
 
 class _Driver:
@@ -55,9 +57,13 @@ class _Driver:
         self.tries = [0] * n
         self.left = n
         self.flying: dict[Any, tuple[Any, list[int]]] = {}  # future -> (engine, item indices)
-        self.has_function: set = set()  # engines that were sent the function
+        self.has_function: set = set()  # engines that have the function, or are getting it
+        self.holder: dict[str, Any] = {}  # node -> the engine that was sent the function
+        self.direct: set = set()  # engines that found no sibling's copy: send it to them
+        self.sent = 0  # batches that carried the function
+        self.ready: set = set()  # engines that finished a batch: they have the function
         self.per_item: float | None = None  # seconds of work per item, smoothed
-        self.engines: list = []
+        self.engines: dict = {}  # engine -> its node
         self.looked = 0.0
 
     # -- the loop ------------------------------------------------------------------------------
@@ -81,6 +87,8 @@ class _Driver:
         self.looked = now
         self.engines = self.kind.engines(self.client)
         here = set(self.engines)
+        self.holder = {node: e for node, e in self.holder.items() if e in here}
+        self.ready &= here
         self.has_function &= here
         for future, (engine, indices) in list(self.flying.items()):
             if engine not in here and not future.done():
@@ -89,7 +97,8 @@ class _Driver:
                 self._lost(indices, f"its engine ({engine}) left the cluster")
 
     def _fill(self) -> None:
-        """Give each engine batches until it has ``IN_FLIGHT``."""
+        """Give each engine batches until it has ``IN_FLIGHT`` (one until its first is back:
+        a second could run first, before the function arrived, as Dask may order them)."""
         busy: dict[Any, int] = {}
         for engine, _ in self.flying.values():
             busy[engine] = busy.get(engine, 0) + 1
@@ -97,7 +106,7 @@ class _Driver:
             for engine in list(self.engines):
                 if not self.todo:
                     return
-                if busy.get(engine, 0) < IN_FLIGHT:
+                if busy.get(engine, 0) < (IN_FLIGHT if engine in self.ready else 1):
                     self._send(engine, self._batch())
                     busy[engine] = busy.get(engine, 0) + 1
 
@@ -117,16 +126,33 @@ class _Driver:
         else:  # items put back after a lost batch
             items = [self.items[i] for i in indices]
         batch = cloudpickle.dumps(items, protocol=5)
-        function = None if engine in self.has_function else self.function
+        function, wait_s = self._function_for(engine)
         try:
-            future = self.kind.submit_to(self.client, engine, run_batch, self.key, batch, function)
+            future = self.kind.submit_to(
+                self.client, engine, run_batch, self.key, batch, function, wait_s
+            )
         except Exception:  # noqa: BLE001 - it left since the last look: not a try of these
             self.todo.extendleft(reversed(indices))
-            self.engines = [e for e in self.engines if e != engine]
+            self.engines.pop(engine, None)
+            self.holder = {n: e for n, e in self.holder.items() if e != engine}
             self.looked = 0.0
             return
         self.has_function.add(engine)
+        self.sent += function is not None
         self.flying[future] = (engine, indices)
+
+    def _function_for(self, engine) -> tuple[Any, float]:
+        """What a batch to ``engine`` carries of the function: nothing once it has it; the
+        function itself to one engine per node; to the others, how long to wait for the copy
+        that engine leaves on the node."""
+        if engine in self.has_function:
+            return None, 0.0
+        node = self.engines.get(engine)
+        holder = self.holder.get(node)
+        if holder is None or engine in self.direct:
+            self.holder.setdefault(node, engine)
+            return self.function, 0.0
+        return None, SHARE_WAIT_S
 
     def _take(self, future) -> int:
         """Record a finished batch; the number of items it finished."""
@@ -136,10 +162,12 @@ class _Driver:
         except Exception as e:  # noqa: BLE001 - the engine died or could not send it back
             self._lost(indices, f"{type(e).__name__}: {e}")
             return 0
-        if "missing" in out:  # a new engine behind an old id: send the function again
+        if "missing" in out:  # no sibling's copy, or a new engine behind an old id
             self.has_function.discard(engine)
+            self.direct.add(engine)
             self.todo.extendleft(reversed(indices))
             return 0
+        self.ready.add(engine)
         first, last, k = indices[0], indices[-1], len(indices)
         if last - first == k - 1:  # a run: whole slices at once (a million items stay cheap)
             self.result[first : last + 1] = out["results"]
@@ -224,7 +252,9 @@ class _Driver:
             host=self.host,
             seconds=self.seconds,
         )
-        return pd.DataFrame(columns, index=range(n))
+        df = pd.DataFrame(columns, index=range(n))
+        df.attrs["function_sent"] = self.sent  # batches that carried the function (tests)
+        return df
 
 
 def map_items(

@@ -304,6 +304,9 @@ class NodeAgent:
                 LOUNGE_SIZE=str(self.size),
                 LOUNGE_NODE=self.node,
                 LOUNGE_CLUSTER=self.spec.cluster,
+                # the agent's private folder: what one engine got, its siblings read (a map's
+                # function travels once per node)
+                LOUNGE_SHARE_DIR=os.path.dirname(self.spec.report_file),
             )
             if gpu is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = gpu

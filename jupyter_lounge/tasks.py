@@ -18,20 +18,30 @@ KEEP_FUNCTIONS = 4
 loads: dict[str, int] = {}
 
 
-def run_batch(key: str, batch: bytes, function: bytes | None = None) -> dict:
+def run_batch(key: str, batch: bytes, function: bytes | None = None, wait_s: float = 0.0) -> dict:
     """Run one batch of a map: ``fn(**item)`` for each dict item of the cloudpickled list
-    ``batch``, ``fn(item)`` for any other, where ``fn`` is the map's function (``function``:
-    its pickle, sent with the first batch to each engine; later batches name it by ``key``
-    alone).
+    ``batch``, ``fn(item)`` for any other, where ``fn`` is the map's function.
+
+    The function travels once per node: ``function`` (its pickle) comes with the first batch
+    to one engine of each node, which keeps it in memory and leaves a copy in the agent's
+    private folder (``LOUNGE_SHARE_DIR``); its siblings' first batches say ``wait_s``: read
+    that copy, waiting for it as long. Later batches name the function by ``key`` alone.
 
     Returns each item's result and seconds, the errors by position (an item's failure is
-    its row, never the batch's: only an engine that died loses a batch), and where it ran.
-    ``{"missing": key}`` when the function is not here (the driver sends it again).
+    its row, never the batch's: only an engine that died loses a batch), and where it ran;
+    ``{"missing": key}`` when the function is not here (the driver sends it then).
     """
     import cloudpickle
 
+    if not (isinstance(key, str) and len(key) == 16 and set(key) <= set("0123456789abcdef")):
+        raise ValueError(f"not a map's function key: {key!r}")  # it names a file here
     fn = _functions.get(key)
     if fn is None:
+        path = _shared(key)
+        if function is None and path is not None:  # a sibling's copy (wait_s: for it)
+            function = _wait_for(path, wait_s)
+        elif function is not None and path is not None:
+            _leave(path, function)
         if function is None:
             return {"missing": key}
         fn = _functions[key] = cloudpickle.loads(function)
@@ -58,6 +68,48 @@ def run_batch(key: str, batch: bytes, function: bytes | None = None) -> dict:
         "node": os.environ.get("LOUNGE_NODE", ""),
         "host": socket.gethostname(),
     }
+
+
+def _shared(key: str) -> str | None:
+    folder = os.environ.get("LOUNGE_SHARE_DIR")
+    return os.path.join(folder, f"map-{key}.pkl") if folder else None
+
+
+def _leave(path: str, data) -> None:
+    """A copy for the siblings: written whole, then renamed (a reader sees all or nothing);
+    only the last few maps' copies are kept."""
+    if os.path.exists(path):
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        folder = os.path.dirname(path)
+        old = sorted(
+            (p for p in os.listdir(folder) if p.startswith("map-") and p.endswith(".pkl")),
+            key=lambda p: os.stat(os.path.join(folder, p)).st_mtime,
+        )
+        for name in old[:-KEEP_FUNCTIONS]:
+            os.unlink(os.path.join(folder, name))
+    except OSError:  # a full disk: the siblings get it over the network instead
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _wait_for(path: str, wait_s: float) -> bytes | None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
 
 
 def exec_cell(code: str) -> str:

@@ -64,7 +64,7 @@ def loads_on_engines(cluster) -> dict:
     return dict(zip(cluster.client.ids, cluster.client[:].apply_sync(loads)))
 
 
-def test_the_function_and_its_closure_travel_once_per_engine(cluster):
+def test_the_function_and_its_closure_travel_once_per_node_and_load_once_per_engine(cluster):
     import numpy as np
 
     weights = np.arange(1_000_000, dtype=np.float64)  # 8 MB the function closes over
@@ -78,6 +78,7 @@ def test_the_function_and_its_closure_travel_once_per_engine(cluster):
     }
     counts = [count for seen in new.values() for count in seen.values() if count]
     assert counts == [1] * len(counts) and len(counts) == df.engine.nunique() == 4
+    assert df.attrs["function_sent"] == 1  # one node here: the others read its copy
 
 
 def test_an_engine_killed_mid_batch_loses_no_item_and_doubles_none(cluster):
@@ -106,7 +107,7 @@ def test_batches_grow_from_the_measured_time_per_item_and_stay_fair():
         kind, client = Kind(), None
 
     driver = _Driver(Cluster(), len, list(range(100_000)), retries=1, timeout=None)
-    driver.engines = list(range(8))
+    driver.engines = {e: f"node{e}" for e in range(8)}
     assert len(driver._batch()) == 1  # nothing timed yet: one item, to measure
     driver.per_item = 1e-6  # tiny items: as many as a tenth of a second holds, within limits
     assert len(driver._batch()) == 3125  # a fair share: a quarter of what each engine has left
@@ -122,11 +123,12 @@ class InProcess:
 
     name = "fake"
 
-    def __init__(self, engines=(0, 1, 2), doomed=None, fail=0):
+    def __init__(self, engines=(0, 1, 2), doomed=None, fail=0, node=None):
         self.ids, self.doomed, self.fail, self.sent = list(engines), doomed, fail, []
+        self.node = node  # every engine on this node; None: each on its own
 
     def engines(self, client):
-        return list(self.ids)
+        return {e: self.node or f"node{e}" for e in self.ids}
 
     def share(self, client, data):
         return data
@@ -208,3 +210,22 @@ def test_an_engine_that_lost_the_function_is_sent_it_again():
     df = drive(kind, list(range(100)))
     assert list(df.result) == [v * 10 for v in range(100)] and df.error.isna().all()
     assert [carried for _, carried in kind.sent][:5] == [True, False, False, False, True]
+
+
+def test_the_function_travels_once_per_node_and_the_siblings_read_its_copy(tmp_path, monkeypatch):
+    from jupyter_lounge import tasks
+
+    monkeypatch.setenv("LOUNGE_SHARE_DIR", str(tmp_path))
+
+    class Apart(InProcess):  # each engine its own process: only the node's copy is shared
+        def submit_to(self, client, engine, fn, *args):
+            tasks._functions.clear()
+            return super().submit_to(client, engine, fn, *args)
+
+    kind = Apart(engines=[0, 1, 2], node="pc1")
+    df = drive(kind, list(range(60)))
+    assert list(df.result) == [v * 10 for v in range(60)] and df.error.isna().all()
+    assert df.attrs["function_sent"] == 1  # one node: one transfer
+    assert [carried for _, carried in kind.sent].count(True) == 1
+    copies = list(tmp_path.glob("map-*.pkl"))
+    assert len(copies) == 1 and copies[0].stat().st_mode & 0o777 == 0o600

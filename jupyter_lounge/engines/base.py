@@ -111,8 +111,8 @@ class EngineKind:
         raise NotImplementedError
 
     # -- what the map driver (mapping.py) needs ----------------------------------------------
-    def engines(self, client: Any) -> list:
-        """The engines registered now, as ``submit_to`` names them."""
+    def engines(self, client: Any) -> dict:
+        """The engines registered now, as ``submit_to`` names them, each with its node."""
         raise NotImplementedError
 
     def share(self, client: Any, data: bytes) -> Any:

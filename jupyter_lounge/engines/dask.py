@@ -287,7 +287,11 @@ class DaskEngines(EngineKind):
         return [parse_engine_name(w.get("name", "")) or ("?", -1) for w in workers]
 
     def engines(self, client):
-        return list(client.scheduler_info(n_workers=-1)["workers"])
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        return {
+            addr: (parse_engine_name(w.get("name", "")) or (addr, -1))[0]
+            for addr, w in workers.items()
+        }
 
     def share(self, client, data):
         # once to one worker; the others fetch it from a peer when their first batch needs it

@@ -134,7 +134,10 @@ class IPyParallelEngines(EngineKind):
         return [parse_engine_name(engines.get(eid, "")) or ("?", eid) for eid in client.ids]
 
     def engines(self, client):
-        return list(client.ids)
+        idents = dict(client._engines)  # id -> ident "node/rank/nonce"; copy: IO thread writes
+        return {
+            eid: (parse_engine_name(idents.get(eid, "")) or ("?", eid))[0] for eid in client.ids
+        }
 
     def submit_to(self, client, engine, fn, *args):
         return client.direct_view(engine).apply_async(fn, *args)
