@@ -62,6 +62,7 @@ class _Driver:
         self.direct: set = set()  # engines that found no sibling's copy: send it to them
         self.sent = 0  # batches that carried the function
         self.ready: set = set()  # engines that finished a batch: they have the function
+        self.dead: set = set()  # engines that lost a batch: none is sent another
         self.per_item: float | None = None  # seconds of work per item, smoothed
         self.engines: dict = {}  # engine -> its node
         self.looked = 0.0
@@ -85,7 +86,8 @@ class _Driver:
         if now - self.looked < LOOK_EVERY_S and self.engines:
             return
         self.looked = now
-        self.engines = self.kind.engines(self.client)
+        found = self.kind.engines(self.client)
+        self.engines = {e: node for e, node in found.items() if e not in self.dead}
         here = set(self.engines)
         self.holder = {node: e for node, e in self.holder.items() if e in here}
         self.ready &= here
@@ -94,7 +96,7 @@ class _Driver:
             if engine not in here and not future.done():
                 del self.flying[future]
                 future.cancel()
-                self._lost(indices, f"its engine ({engine}) left the cluster")
+                self._lost(indices, f"its engine ({engine}) left the cluster", engine)
 
     def _fill(self) -> None:
         """Give each engine batches until it has ``IN_FLIGHT`` (one until its first is back:
@@ -160,7 +162,7 @@ class _Driver:
         try:
             out = self.kind.outcome(future)
         except Exception as e:  # noqa: BLE001 - the engine died or could not send it back
-            self._lost(indices, f"{type(e).__name__}: {e}")
+            self._lost(indices, f"{type(e).__name__}: {e}", engine)
             return 0
         if "missing" in out:  # no sibling's copy, or a new engine behind an old id
             self.has_function.discard(engine)
@@ -186,9 +188,12 @@ class _Driver:
         self.left -= len(indices)
         return len(indices)
 
-    def _lost(self, indices: list[int], why: str) -> None:
+    def _lost(self, indices: list[int], why: str, engine) -> None:
         """Items whose batch was lost: back to the front of the queue, or, after ``retries``
-        tries each, a row saying so."""
+        tries each, a row saying so. The engine that lost it gets no other batch (an engine
+        id is never reused: a replacement registers anew), so the items go elsewhere."""
+        self.dead.add(engine)
+        self.engines.pop(engine, None)
         again = []
         for i in indices:
             self.tries[i] += 1

@@ -119,7 +119,8 @@ def test_batches_grow_from_the_measured_time_per_item_and_stay_fair():
 
 class InProcess:
     """An engine kind whose engines run batches here, at once (pure driver logic): engine
-    ``doomed`` fails its first ``fail`` batches as a dead engine would."""
+    ``doomed`` (None: any) dies on its batch while ``fail`` deaths are left, and a new engine
+    with a new id takes its place, as an agent's replacement registers anew."""
 
     name = "fake"
 
@@ -138,9 +139,10 @@ class InProcess:
 
         self.sent.append((engine, args[2] is not None))  # did it carry the function?
         future = Future()
-        if engine == self.doomed and self.fail:
+        if self.fail and self.doomed in (None, engine):
             self.fail -= 1
-            future.set_exception(RuntimeError(f"engine {engine} died"))
+            self.ids[self.ids.index(engine)] = max(self.ids) + 1
+            future.set_exception(RuntimeError("its engine died"))
         else:
             future.set_result(fn(*args))
         return future
@@ -181,9 +183,10 @@ def test_a_lost_batch_runs_again_elsewhere_and_keeps_its_rows():
 
 
 def test_an_item_lost_more_often_than_retries_says_so_in_its_row():
-    kind = InProcess(engines=[1], doomed=1, fail=10)
+    kind = InProcess(engines=[1], fail=10)
     df = drive(kind, list(range(3)), retries=2)
-    assert list(df.error) == ["lost: RuntimeError: engine 1 died"] * 3
+    assert list(df.error) == ["lost: RuntimeError: its engine died"] * 3
+    assert kind.fail == 1  # three tries each: nine engines died
 
 
 def test_the_function_goes_with_the_first_batch_to_each_engine_only():
