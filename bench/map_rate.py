@@ -77,44 +77,25 @@ def cases(lounge, args):
     kind = lounge.kind.name
     ours = f"ours ({kind})"
     n_tiny = TINY // 10 if args.quick else TINY
+
+    def ours_map(f, n: int, wanted):
+        return lambda: timed(
+            lambda: lounge.map(f, range(n), progress=False).result, lambda r: expect(r, wanted)
+        )
+
     out = [
-        (
-            "tiny items",
-            ours,
-            n_tiny,
-            lambda: timed(
-                lambda: lounge.map(tiny, range(n_tiny), progress=False).result,
-                lambda r: expect(r, range(1, n_tiny + 1)),
-            ),
-        ),
+        ("tiny items", ours, n_tiny, ours_map(tiny, n_tiny, range(1, n_tiny + 1))),
         (
             "64 items, 40 MB closure",
             ours,
             64,
             with_closure(lambda f: lounge.map(f, range(64), progress=False).result),
         ),
-        (
-            "64 items of 1 s",
-            ours,
-            64,
-            lambda: timed(
-                lambda: lounge.map(second, range(64), progress=False).result,
-                lambda r: expect(r, range(64)),
-            ),
-        ),
+        ("64 items of 1 s", ours, 64, ours_map(second, 64, range(64))),
     ]
     if not args.quick:
-        out.append(
-            (
-                "1,000,000 tiny items",
-                ours,
-                MILLION,
-                lambda: timed(
-                    lambda: lounge.map(tiny, range(MILLION), progress=False).result,
-                    lambda r: expect(r, range(1, MILLION + 1)),
-                ),
-            )
-        )
+        million = ours_map(tiny, MILLION, range(1, MILLION + 1))
+        out.append(("1,000,000 tiny items", ours, MILLION, million))
     client = lounge.client
     if kind == "ipyparallel":
         view = client.load_balanced_view()

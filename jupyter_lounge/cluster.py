@@ -406,13 +406,14 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise LoungeTimeout(
                     f"Timed out after {timeout:g} s waiting for {what} of "
-                    f"cluster {self.name!r} ({self._where_engines_are()}); raise "
+                    f"cluster {self.name!r} ({self.where_engines_are()}); raise "
                     f"--timeout or read the logs in {self.dir}."
                 )
             await asyncio.sleep(0.05)
 
-    def _where_engines_are(self) -> str:
-        """For a timeout's sentence: engines ready per node agent, and each agent's status."""
+    def where_engines_are(self) -> str:
+        """``3/4 ready; pc1: running 2/2, pc2: pending (why) 1/2``: engines ready per node
+        agent and each agent's status, for a timeout's sentence and the faces."""
         try:
             rows = self.nodes_status()
         except Exception:  # noqa: BLE001 - the sentence must not fail

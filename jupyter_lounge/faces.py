@@ -155,13 +155,7 @@ def node_state(row: dict) -> str:
 
 def describe(cluster) -> str:
     """``3/4 ready; pc1: running 2/2, pc2: pending (...) 1/2``: where the engines are."""
-    try:
-        rows = cluster.nodes_status()
-    except Exception:  # noqa: BLE001 - a description must not fail
-        return "status unknown"
-    ready = sum(r["ready"] for r in rows)
-    per_node = ", ".join(f"{r['node']}: {node_state(r)} {r['ready']}/{r['target']}" for r in rows)
-    return f"{ready}/{cluster.n} ready; {per_node}"
+    return cluster.where_engines_are()
 
 
 def ran(where: dict) -> str | None:

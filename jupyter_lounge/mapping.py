@@ -65,7 +65,8 @@ class _Driver:
         self.dead: set = set()  # engines that lost a batch: none is sent another
         self.per_item: float | None = None  # seconds of work per item, smoothed
         self.engines: dict = {}  # engine -> its node
-        self.looked = 0.0
+        self.looked = 0.0  # when the engines were last asked for
+        self.checked = 0.0  # when the agents' reports were last read (no engine to send to)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, bar) -> None:
@@ -205,14 +206,16 @@ class _Driver:
         self.todo.extendleft(reversed(again))
 
     def _idle(self) -> None:
-        """No batch is out: no engine yet, or none left. Wait for one, or say why not."""
-        reason = _all_engines_gone(self.cluster)
-        if reason:  # nothing is left to run them: report them, do not hang
-            self._lost_all(reason)
-            return
+        """No batch is out: no engine yet, or none left. Wait for one, or say why not (the
+        agents' reports are read once per look, not on every pass)."""
+        if time.monotonic() - self.checked >= LOOK_EVERY_S:
+            self.checked = time.monotonic()
+            reason = _all_engines_gone(self.cluster)
+            if reason:  # nothing is left to run them: report them, do not hang
+                self._lost_all(reason)
+                return
         self._check_deadline()
         time.sleep(0.05)
-        self.looked = 0.0  # ask again at once
 
     def _lost_all(self, reason: str) -> None:
         for i in self.todo:

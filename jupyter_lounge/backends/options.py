@@ -45,6 +45,28 @@ class Option:
         return bool(self.flag)
 
 
+def configure(backend, what: str, known: list[str], config, options: dict) -> dict:
+    """Set a Configurable backend's traits from ``config`` and then ``options`` (flags, REST
+    fields; None: not given): an unknown option or a value of the wrong type is one sentence
+    naming ``what`` (``Slurm``, ``ssh``). Returns the options given."""
+    from traitlets import TraitError
+    from traitlets.config import Configurable
+
+    from .base import Backend
+
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise LoungeError(f"Unknown {what} option {unknown[0]!r}: use one of {', '.join(known)}.")
+    options = {k: v for k, v in options.items() if v is not None}
+    try:
+        Configurable.__init__(backend, config=config, **options)
+    except TraitError as e:  # a value of the wrong type
+        article = "An" if what[0].lower() in "aeios" else "A"
+        raise LoungeError(f"{article} {what} option has a value of the wrong type: {e}") from None
+    Backend.__init__(backend, **options)
+    return options
+
+
 def backend_class(name: str) -> type:
     if name == "local":
         from .local import LocalBackend

@@ -17,7 +17,7 @@ import socket
 import time
 from pathlib import Path
 
-from traitlets import Float, Integer, List, TraitError, Unicode
+from traitlets import Float, Integer, List, Unicode
 from traitlets.config import Configurable
 
 from .. import validate
@@ -97,18 +97,10 @@ class SlurmBackend(Configurable, Backend):
     )
 
     def __init__(self, config=None, **options):
-        known = set(self.class_trait_names(config=True))
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise LoungeError(
-                f"Unknown Slurm option {unknown[0]!r}: use one of {', '.join(sorted(known))}."
-            )
-        options = {k: v for k, v in options.items() if v is not None}
-        try:
-            Configurable.__init__(self, config=config, **options)
-        except TraitError as e:  # a value of the wrong type
-            raise LoungeError(f"A Slurm option has a value of the wrong type: {e}") from None
-        Backend.__init__(self, **options)
+        from .options import configure
+
+        known = sorted(self.class_trait_names(config=True))
+        configure(self, "Slurm", known, config, options)
         self._check_values()
         self._jobs: dict[str, tuple[str, str]] = {}
         self._jobs_at = 0.0

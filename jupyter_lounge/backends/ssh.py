@@ -16,7 +16,7 @@ import socket
 import sys
 from pathlib import Path
 
-from traitlets import Bool, TraitError, Unicode
+from traitlets import Bool, Unicode
 from traitlets.config import Configurable
 
 from .. import validate
@@ -51,21 +51,12 @@ class SSHBackend(Configurable, Backend):
     ssh_config = Unicode("", help="an ssh_config file for every session (ssh -F)").tag(config=True)
 
     def __init__(self, config=None, **options):
-        from .options import declared
+        from .options import configure, declared
 
-        known = [o.name for o in declared("ssh")]
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise LoungeError(f"Unknown ssh option {unknown[0]!r}: use one of {', '.join(known)}.")
-        options = {k: v for k, v in options.items() if v is not None}
         for key in ("inventory", "pool", "known_hosts", "ssh_config"):
-            if key in options:  # a number says "must be text", in our words, not traitlets'
+            if options.get(key) is not None:  # a number says "must be text" in our words
                 validate.no_control(options[key], f"The ssh option {key}")
-        try:
-            Configurable.__init__(self, config=config, **options)
-        except TraitError as e:  # a value of the wrong type
-            raise LoungeError(f"An ssh option has a value of the wrong type: {e}") from None
-        Backend.__init__(self, **options)
+        configure(self, "ssh", [o.name for o in declared("ssh")], config, options)
         self._check_values()
         self.may_skip_nodes = not self.strict
         from .. import inventory
