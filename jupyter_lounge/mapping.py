@@ -32,6 +32,7 @@ FIRST_BATCH = 1  # items in a batch before any item was timed
 MAX_BATCH = 20_000  # items in one batch, however tiny they are
 IN_FLIGHT = 2  # batches per engine at once: one running, one on its way
 LOOK_EVERY_S = 0.5  # how often the driver asks which engines are registered
+SHAKY_S = 3.0  # a node that just lost a batch gets none for this long, if others can take it
 SHARE_WAIT_S = 30.0  # how long an engine waits for the copy of the function its sibling got
 
 
@@ -63,6 +64,7 @@ class _Driver:
         self.sent = 0  # batches that carried the function
         self.ready: set = set()  # engines that finished a batch: they have the function
         self.dead: set = set()  # engines that lost a batch: none is sent another
+        self.shaky: dict[str, float] = {}  # node -> until when it gets no batch (it lost one)
         self.per_item: float | None = None  # seconds of work per item, smoothed
         self.engines: dict = {}  # engine -> its node
         self.looked = 0.0  # when the engines were last asked for
@@ -105,8 +107,10 @@ class _Driver:
         busy: dict[Any, int] = {}
         for engine, _ in self.flying.values():
             busy[engine] = busy.get(engine, 0) + 1
+        now = time.monotonic()
+        steady = [e for e, node in self.engines.items() if self.shaky.get(node, 0) < now]
         for _ in range(IN_FLIGHT):
-            for engine in list(self.engines):
+            for engine in steady or list(self.engines):
                 if not self.todo:
                     return
                 if busy.get(engine, 0) < (IN_FLIGHT if engine in self.ready else 1):
@@ -194,7 +198,9 @@ class _Driver:
         tries each, a row saying so. The engine that lost it gets no other batch (an engine
         id is never reused: a replacement registers anew), so the items go elsewhere."""
         self.dead.add(engine)
-        self.engines.pop(engine, None)
+        node = self.engines.pop(engine, None)
+        if node is not None:  # its siblings may be going too (an eviction, a power cut)
+            self.shaky[node] = time.monotonic() + SHAKY_S
         again = []
         for i in indices:
             self.tries[i] += 1
