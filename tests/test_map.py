@@ -234,3 +234,25 @@ def test_the_function_travels_once_per_node_and_the_siblings_read_its_copy(tmp_p
     assert [carried for _, carried in kind.sent].count(True) == 1
     copies = list(tmp_path.glob("map-*.pkl"))
     assert len(copies) == 1 and copies[0].stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("cluster", ["dask"], indirect=True)
+def test_a_dask_result_lost_with_its_worker_before_it_was_fetched_is_a_lost_batch(cluster):
+    # The race the full suite once hit: a batch finished, its worker killed before the result
+    # was gathered; Dask reschedules it onto that (dead, pinned) worker, and waiting on it
+    # would never end. outcome() must say it was lost, so the driver reruns it elsewhere.
+    import time
+
+    from jupyter_lounge.engines.base import parse_engine_name
+    from jupyter_lounge.errors import LoungeError
+
+    victim = next(e for e in cluster.engines() if e["rank"] == 1)
+    workers = cluster.client.scheduler_info(n_workers=-1)["workers"]
+    addr = next(a for a, w in workers.items() if parse_engine_name(w["name"])[1] == 1)
+    future = cluster.kind.submit_to(cluster.client, addr, os.getpid)
+    wait_until(lambda: future.status == "finished", 30, "the pinned task to finish")
+    os.kill(victim["pid"], signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(LoungeError, match="died before the batch's result"):
+        cluster.kind.outcome(future)
+    assert time.monotonic() - started < 60

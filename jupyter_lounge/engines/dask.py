@@ -306,6 +306,21 @@ class DaskEngines(EngineKind):
         while not any(f.done() for f in futures) and time.monotonic() < deadline:
             time.sleep(0.002)
 
+    def outcome(self, future):
+        # A finished task whose worker dies before its result is fetched goes back to pending
+        # ("Couldn't gather ... rescheduling"); pinned to that worker, it would never run
+        # again, and result() would wait for ever. Wait in slices; a task that is no longer
+        # finished was lost with its worker.
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except TimeoutError:
+                if future.status != "finished":
+                    future.cancel()
+                    raise LoungeError(
+                        "its worker died before the batch's result could be fetched"
+                    ) from None
+
     def execute(self, client, code, timeout):
         from ..tasks import exec_cell
 
