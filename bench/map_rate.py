@@ -4,7 +4,9 @@ One run, 8 local engines of each kind (``--engines``), TensorFlow not preloaded 
 measured, not the launch). The ways, each on the same lounge engines:
 
 * ours: ``lounge.map(f, items)`` (batches sized from the time per item, the function
-  shipped once per engine), ipyparallel and Dask engines;
+  shipped once per node), ipyparallel and Dask engines; a map is a run, so the time counts
+  all of it: the items written to the run's store, the cluster's run driver dispatching
+  them and committing every row, and the kernel reading the table back;
 * ipp LBV 1: stock ``rc.load_balanced_view().map(f, items, chunksize=1)``: a task per item;
 * ipp LBV best: the same with the best of chunksizes 64, 1024 and 8192, as a user who tuned it;
 * dask map: stock ``client.map(f, items)`` (a task per item).

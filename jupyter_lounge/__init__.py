@@ -12,6 +12,8 @@ __all__ = [
     "ClusterManager",
     "LoungeError",
     "current",
+    "run",
+    "runs",
     "load_ipython_extension",
 ]
 
@@ -25,6 +27,10 @@ def __getattr__(name: str):
         from .cluster import current
 
         return current
+    if name in ("run", "runs"):  # runs of any cluster, running or stopped (runstore.py)
+        from . import runstore
+
+        return getattr(runstore, name)
     if name == "ClusterManager":
         from .manager import ClusterManager
 

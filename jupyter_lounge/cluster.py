@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from . import protocol, state, validate
+from . import protocol, runner, runstore, state, validate
 from ._loop import run_sync
 from .backends import make_backend
 from .config import DEFAULT_BACKEND, DEFAULT_ENGINES, DEFAULT_TIMEOUT, settings
@@ -233,7 +233,8 @@ class Cluster:
             if self._auto_name:
                 self.name = self._free_name()
             elif ensure_name_free(self.name) is not None:
-                state.remove_state(self.name)  # a stale file from a cluster that died
+                # a stale file from a cluster that died; its runs stay readable
+                state.remove_state(self.name, keep_runs=True)
             self.status = "starting"
             self.starter = [os.getpid(), started(os.getpid())]
             self.save()
@@ -252,6 +253,7 @@ class Cluster:
         self.save()
         if self.stop_at_exit:
             self._spawn_keeper()
+        runner.ensure(self.name)  # the run driver: it waits for the first map
         await self._place(self.n, self.nodes)
         self._emit("placed")
         files = self.kind.connection_files(cdir)  # engines' and client's (may be one file)
@@ -634,6 +636,9 @@ class Cluster:
             _best_effort(self.save)
         for a in self.agents:
             _best_effort(protocol.write_control, a["files"]["control"], protocol.Control(stop=True))
+        await runner.stop(self.name)
+        why = "its cluster was stopped before it finished"
+        _best_effort(runstore.fail_unfinished, self.name, why)
         try:
             await self.backend.release(self.agents, 5.0)
             released = None
@@ -655,7 +660,7 @@ class Cluster:
                 f"stopped; run `lounge stop {self.name}` again once that is fixed."
             )
         if ours_to_remove:
-            state.remove_state(self.name)
+            state.remove_state(self.name, keep_runs=not forget)
         self.status = "stopped"
         self._emit("stopped")
         global _current
@@ -667,6 +672,8 @@ class Cluster:
             )
 
     def _stop_at_exit(self) -> None:
+        if self.status == "running" and self.keeper and _best(runstore.active, self.name):
+            return  # a run goes on: the keeper stops the cluster once it ends
         if self.status in ("running", "starting"):
             try:
                 run_sync(asyncio.wait_for(self.stop(), 30))
@@ -675,11 +682,44 @@ class Cluster:
 
     # -- work ----------------------------------------------------------------------------------
     def map(
-        self, fn, items, *, retries: int = 1, timeout: float | None = None, progress: bool = True
+        self,
+        fn,
+        items,
+        *,
+        name: str | None = None,
+        pool: str | None = None,
+        retries: int = 1,
+        timeout: float | None = None,
+        progress: bool = True,
     ):
+        """Run ``fn`` on every item (a dict item: as keyword arguments) as the run ``name``
+        (made when not given), on the engines of ``pool``'s nodes only when one is named;
+        the DataFrame once it is done. The run goes on if this process dies: read it with
+        ``run(name)``. ``timeout`` ends the wait, not the run."""
         from .mapping import map_items
 
-        return map_items(self, fn, items, retries=retries, timeout=timeout, progress=progress)
+        return map_items(
+            self,
+            fn,
+            items,
+            retries=retries,
+            timeout=timeout,
+            progress=progress,
+            name=name,
+            pool=pool,
+        )
+
+    def runs(self) -> list[dict]:
+        """Each run of this cluster: name, status, done, total, errors, started, ... (a run
+        whose driver is gone restarts it, so listing also resumes)."""
+        found = runstore.runs(self.name)
+        if any(r["status"] in ("stalled", "submitted") for r in found):
+            runner.ensure(self.name)
+        return found
+
+    def run(self, name: str) -> runstore.Run:
+        """The run called ``name``: ``.result()``, ``.wait()``, ``.cancel()``, ``.delete()``."""
+        return runstore.Run(self.name, name)
 
     def execute(self, code: str, timeout: float | None = None) -> dict:
         """Run ``code`` on every engine of the cluster (``%%lounge``), printing what each
@@ -728,6 +768,14 @@ class Cluster:
 def _report(agent: dict) -> protocol.Report | None:
     """The last report of this agent (None before its first)."""
     return protocol.read_report(agent["files"]["report"])
+
+
+def _best(read, *args):
+    """What ``read`` says, or None when it cannot say (a folder already gone)."""
+    try:
+        return read(*args)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _best_effort(write, *args) -> None:

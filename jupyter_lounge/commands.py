@@ -27,6 +27,8 @@ USAGE = """\
 %lounge start N --backend ssh {ssh}
 %lounge nodes [--pool P] [--live] [--json] [--inventory lounge.toml]   (the lounge's PCs)
 %lounge sync [--pool P] [--inventory lounge.toml] [--force]   (ship this env to them once)
+%lounge runs [CLUSTER]            (each map is a run: its progress, kept after a stop)
+%lounge run NAME [--cluster C] [--csv FILE] [--wait] [--cancel] [--delete]
 %%lounge [NAME]                   (as a cell magic: run the cell on every engine)"""
 INDENT = " " * 15  # where the lines of start's options begin
 
@@ -149,6 +151,14 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     sync.add_argument("--pool")
     sync.add_argument("--force", action="store_true")  # ship even where it is present
     sync.add_argument("--json", action="store_true")
+    sub.add_parser("runs", add_help=False).add_argument("name", nargs="?")
+    run = sub.add_parser("run", add_help=False)
+    run.add_argument("run")
+    run.add_argument("--cluster")
+    run.add_argument("--csv")  # write its table there
+    run.add_argument("--wait", action="store_true")  # follow it until it ends first
+    run.add_argument("--cancel", action="store_true")
+    run.add_argument("--delete", action="store_true")
     sub.add_parser("help", add_help=False)
     return parser
 
@@ -164,7 +174,7 @@ def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
     if not words:
         raise LoungeError(f"Say what to do, e.g. `{prog} start 8`; see `{prog} help`.")
     known = ("start", "scale", "status", "interrupt", "stop", "attach", "list", "nodes", "sync")
-    known += ("help",)
+    known += ("runs", "run", "help")
     if words[0] not in known:
         raise LoungeError(f"Unknown command {words[0]!r}: use one of {', '.join(known)}.")
     return build_parser(prog).parse_args(words)
@@ -207,6 +217,11 @@ def format_status(status: dict) -> str:
         f"{status['name']}: {status['engines']} on {status['backend']}, "
         f"{status['status']}, {status['ready']}/{status['target']} engines ready"
     )
+    if status.get("driver") == "lost":
+        head += (
+            "\nIts run driver is gone: following a run, `lounge runs "
+            f"{status['name']}` or the next map starts it again, and it resumes the runs."
+        )
     return (
         head
         + "\n"
@@ -247,6 +262,19 @@ def node_cells(row: dict) -> dict:
         "gpu": ",".join(f"{g['util_percent']}%" for g in row["gpus"]),
         "users": ",".join(row["users"]),
         "pools": ",".join(row["pools"]),
+    }
+
+
+#: The columns of ``lounge runs``.
+RUN_COLUMNS = ["cluster", "name", "status", "done", "errors", "started", "pool", "error"]
+
+
+def run_cells(row: dict) -> dict:
+    """A run's summary as table cells: ``done`` as done/total, ``started`` as a UTC time."""
+    return {
+        **row,
+        "done": f"{row['done']}/{row['total']}",
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["started"])),
     }
 
 

@@ -13,3 +13,7 @@ class LoungeTimeout(LoungeError, TimeoutError):
 
 class NoSuchCluster(LoungeError):
     """No cluster has that name (the REST API answers 404)."""
+
+
+class NoSuchRun(NoSuchCluster):
+    """No run of that name (in that cluster); a 404 too."""

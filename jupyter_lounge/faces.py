@@ -139,6 +139,51 @@ def _attach(args: argparse.Namespace, face: Face):
     return f"{cluster.name}: {describe(cluster)}" if face.shell else cluster
 
 
+def _runs(args: argparse.Namespace, face: Face) -> str:
+    from . import runstore
+
+    if args.name:
+        try:  # a running cluster's listing also restarts a driver found gone
+            found = face.cluster(args.name, "").runs()
+        except LoungeError:  # a stopped one: its kept runs
+            found = runstore.runs(args.name)
+    else:
+        found = runstore.runs()
+    if not found:
+        where = f"cluster {args.name!r}" if args.name else "any cluster"
+        return f"No run in {where} yet: `lounge.map(f, items, name=...)` makes one."
+    return commands.format_table([commands.run_cells(r) for r in found], commands.RUN_COLUMNS)
+
+
+def _run(args: argparse.Namespace, face: Face) -> str:
+    from . import runstore
+
+    cluster = args.cluster
+    if cluster is None and not face.shell:  # the magic: its current cluster's, if it has one
+        from .cluster import _current
+
+        if _current is not None and runstore.store_path(_current.name, args.run).exists():
+            cluster = _current.name
+    run = runstore.run(args.run, cluster)
+    if args.cancel:
+        return cancel_run(run)
+    if args.delete:
+        run.delete()
+        return f"Deleted run {run.name!r} of {run.cluster!r}."
+    if args.wait:
+        run.wait(progress=not face.shell)
+    lines = [commands.format_table([commands.run_cells(run.summary())], commands.RUN_COLUMNS)]
+    if args.csv:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", runstore.PartialResult)  # the table says how far
+            df = run.result()
+        df.to_csv(args.csv)
+        lines.append(f"Wrote {len(df)} rows of {df.attrs['total']} to {args.csv}.")
+    return "\n".join(lines)
+
+
 def follow(cluster) -> None:
     """The magic's launch progress: a panel (in a notebook) or lines, once agents are placed."""
     from .widgets import LaunchProgress
@@ -166,6 +211,18 @@ def ran(where: dict) -> str | None:
     return f"ran on {where['ran']} of {where['target']} engines; {short}\n"
 
 
+def cancel_run(run) -> str:
+    """Cancel a run unless it has ended; what was done, in one sentence (the faces' and the
+    REST API's)."""
+    status = run.summary()["status"]
+    if status not in ("submitted", "running", "stalled"):
+        return (
+            f"Run {run.name!r} of {run.cluster!r} is already {status}: there is nothing to cancel."
+        )
+    run.cancel()
+    return f"Cancelled run {run.name!r} of {run.cluster!r}; its rows so far stay readable."
+
+
 def interrupted(cluster, count: int) -> str:
     """What an interrupt did, in one sentence (the faces' and the REST API's)."""
     return (
@@ -185,6 +242,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Face], object]] = {
     "sync": _sync,
     "stop": _stop,
     "attach": _attach,
+    "runs": _runs,
+    "run": _run,
 }
 
 

@@ -7,7 +7,8 @@ A cluster started in a kernel (or any Python process) stops with it at a normal 
 exit handler, and its controller, agents, engines and Slurm jobs would run on, unseen. So such a
 cluster gets a keeper: a small detached process that looks at its owner once a second and, when
 the owner is gone (the very process, not a later one with its pid), stops the cluster as
-``lounge stop`` would. It leaves by itself once the cluster is stopped or replaced. Clusters
+``lounge stop`` would, once its runs (runstore.py) have ended: a sweep outlives its notebook.
+It leaves by itself once the cluster is stopped or replaced. Clusters
 started with ``lounge start`` or from the sidebar are detached on purpose and have none.
 """
 
@@ -42,6 +43,21 @@ def main(argv: list[str] | None = None) -> None:
     while ours(owner, owner_start):
         if mine() is None:
             return  # stopped (or another cluster took the name): nothing left to keep
+        time.sleep(LOOK_EVERY_S)
+    if mine() is None:
+        return
+    from . import runner, runstore
+
+    waited = False
+    while mine() is not None and runstore.active(name):  # a sweep outlives its notebook
+        if not waited:
+            print(
+                f"keeper: the process {owner} that started {name!r} is gone; its runs "
+                f"{', '.join(runstore.active(name))} go on, and the cluster stops once they end",
+                flush=True,
+            )
+            waited = True
+        runner.ensure(name)  # a driver that died comes back and resumes them
         time.sleep(LOOK_EVERY_S)
     data = mine()
     if data is None:

@@ -3,16 +3,17 @@
 Synchronous, no tornado: the magics and the CLI use ``ClusterManager`` (``list``, ``status``,
 ``scale``, ``interrupt``, ``stop``); the Jupyter server's session (``serverext/session.py``)
 uses the same ``summary`` shape for every cluster, so ``lounge list`` and ``GET clusters``
-say the same things.
+say the same things. Each cluster carries its runs (``runstore``), oldest first.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import time
 
-from . import state
+from . import runstore, state
 from ._loop import run_sync
 from .cluster import Cluster, in_use
 from .errors import LoungeError, NoSuchCluster
@@ -25,6 +26,15 @@ def connect_code(name: str) -> str:
         f'from jupyter_lounge import Lounge\nlounge = Lounge.attach("{name}")\n'
         "client = lounge.client"
     )
+
+
+def cluster_runs(name: str) -> list[dict]:
+    """The summaries of a cluster's runs, oldest first; none when its run store cannot be
+    read, so that listing the clusters never fails because of one."""
+    try:
+        return runstore.runs(name)
+    except (LoungeError, OSError, sqlite3.Error):
+        return []
 
 
 def summary(
@@ -62,7 +72,20 @@ def summary(
         "pending": pending,
         "error": error,
         "connect_code": connect_code(name),
+        "runs": cluster_runs(name),
+        "driver": driver_state(data) if status == "running" else None,
     }
+
+
+def driver_state(data: dict) -> str:
+    """``running``, or ``lost``: the cluster's run driver (runner.py) is gone. Following a
+    run, listing the runs or the next map starts it again, and it resumes the runs."""
+    from . import runner
+
+    try:
+        return "running" if runner.alive(data["name"]) else "lost"
+    except LoungeError:
+        return "lost"
 
 
 def corrupt_summary(bad: dict) -> dict:
@@ -75,6 +98,8 @@ def corrupt_summary(bad: dict) -> dict:
         "pending": None,
         "error": bad["error"],
         "connect_code": "",
+        "runs": cluster_runs(bad["name"]),
+        "driver": None,
     }
 
 

@@ -1,8 +1,9 @@
 """``lounge.map``: items sent in batches to every engine, the function shipped once, into a table.
 
-The map driver runs here, beside the client. It pickles the function (and its closure) once
-and sends it with the first batch to one engine per node, which keeps it by the hash of that
-pickle and leaves a copy in its agent's private folder for the engines beside it
+The map driver runs in the cluster's run driver (``runner.py``), not in the kernel: a map is
+a run (``runstore.py``), and outlives the kernel that started it. The function (and its closure)
+is pickled once and sent with the first batch to one engine per node, which keeps it by the
+hash of that pickle and leaves a copy in its agent's private folder for the engines beside it
 (``tasks.run_batch``); later batches carry only items. Batches are sized from the measured
 time per item: about ``TARGET_S`` of work each, so the round trip is amortised over tiny
 items while slow ones go one by one, and never more than a fair share of what is left, so
@@ -37,26 +38,43 @@ SHARE_WAIT_S = 30.0  # how long an engine waits for the copy of the function its
 
 
 class _Driver:
-    def __init__(self, cluster, fn, items: list, retries: int, timeout: float | None):
+    """One map's dispatch: which items are where, what came back. The run driver
+    (``runner.py``) steps several at once over one client: ``poke`` sends what can be sent,
+    ``collect`` takes what came back, and ``fresh`` holds the positions finished since it was
+    last emptied (the rows to store)."""
+
+    def __init__(
+        self,
+        cluster,
+        fn,
+        items: list,
+        retries: int,
+        timeout: float | None,
+        *,
+        todo=None,
+        nodes=None,
+    ):
         import cloudpickle
 
         self.kind, self.client, self.cluster = cluster.kind, cluster.client, cluster
         self.items, self.retries = items, retries
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.timeout = timeout
-        function = cloudpickle.dumps(fn, protocol=5)
+        function = fn if isinstance(fn, bytes) else cloudpickle.dumps(fn, protocol=5)
         self.key = hashlib.sha256(function).hexdigest()[:16]
         self.function = self.kind.share(self.client, function)
+        self.nodes = None if nodes is None else set(nodes)  # a pool's: only engines there
         n = len(items)
-        self.todo: deque[int] = deque(range(n))
-        self.result: list[Any] = [None] * n
+        self.todo: deque[int] = deque(range(n) if todo is None else todo)
+        self.left = len(self.todo)
+        self.fresh: list[int] = []  # finished since the run driver last stored rows
+        self.result: list[Any] = [None] * n  # each pickled, as the engine sent it
         self.error: list[str | None] = [None] * n
         self.engine = [-1] * n
         self.node = [""] * n
         self.host = [""] * n
         self.seconds = [math.nan] * n
         self.tries = [0] * n
-        self.left = n
         self.flying: dict[Any, tuple[Any, list[int]]] = {}  # future -> (engine, item indices)
         self.has_function: set = set()  # engines that have the function, or are getting it
         self.holder: dict[str, Any] = {}  # node -> the engine that was sent the function
@@ -72,16 +90,51 @@ class _Driver:
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, bar) -> None:
+        """Dispatch every item (this driver alone; the run driver steps several)."""
         while self.left:
-            self._look()
-            self._fill()
-            if not self.flying:
-                self._idle()
+            if not self.poke():
+                time.sleep(0.05)
                 continue
             self.kind.wait_any(list(self.flying), 0.05)
-            for future in [f for f in self.flying if f.done()]:
-                bar.update(self._take(future))
-            self._check_deadline()
+            bar.update(self.collect())
+
+    def poke(self) -> bool:
+        """Send what can be sent; whether a batch is out (if none is, the items' engines may
+        all be gone: then their rows say so)."""
+        self._look()
+        self._fill()
+        if not self.flying:
+            self._idle()
+        self._check_deadline()
+        return bool(self.flying)
+
+    def collect(self) -> int:
+        """Take the batches that came back; how many items they finished."""
+        return sum(self._take(f) for f in [f for f in self.flying if f.done()])
+
+    def stop(self) -> None:
+        """Cancel what is out (a cancelled run)."""
+        for future in self.flying:
+            try:
+                future.cancel()
+            except Exception:  # noqa: BLE001 - its engine is gone already
+                pass
+        self.flying.clear()
+
+    def rows(self, indices: list[int]) -> list[tuple]:
+        """The store's rows of these items: (idx, result, error, engine, node, host, s)."""
+        return [
+            (
+                i,
+                self.result[i],
+                self.error[i],
+                self.engine[i],
+                self.node[i],
+                self.host[i],
+                None if math.isnan(self.seconds[i]) else self.seconds[i],
+            )
+            for i in indices
+        ]
 
     def _look(self) -> None:
         """Which engines are registered; the batches of any that left go back in the queue."""
@@ -90,7 +143,11 @@ class _Driver:
             return
         self.looked = now
         found = self.kind.engines(self.client)
-        self.engines = {e: node for e, node in found.items() if e not in self.dead}
+        self.engines = {
+            e: node
+            for e, node in found.items()
+            if e not in self.dead and (self.nodes is None or node in self.nodes)
+        }
         here = set(self.engines)
         self.holder = {node: e for node, e in self.holder.items() if e in here}
         self.ready &= here
@@ -191,6 +248,7 @@ class _Driver:
         work = sum(out["seconds"]) / len(indices)
         self.per_item = work if self.per_item is None else 0.5 * (self.per_item + work)
         self.left -= len(indices)
+        self.fresh.extend(indices)
         return len(indices)
 
     def _lost(self, indices: list[int], why: str, engine) -> None:
@@ -206,6 +264,7 @@ class _Driver:
             self.tries[i] += 1
             if self.tries[i] > self.retries:
                 self.error[i] = f"lost: {why}"
+                self.fresh.append(i)
                 self.left -= 1
             else:
                 again.append(i)
@@ -216,16 +275,15 @@ class _Driver:
         agents' reports are read once per look, not on every pass)."""
         if time.monotonic() - self.checked >= LOOK_EVERY_S:
             self.checked = time.monotonic()
-            reason = _all_engines_gone(self.cluster)
+            reason = _all_engines_gone(self.cluster, self.nodes)
             if reason:  # nothing is left to run them: report them, do not hang
                 self._lost_all(reason)
                 return
-        self._check_deadline()
-        time.sleep(0.05)
 
     def _lost_all(self, reason: str) -> None:
         for i in self.todo:
             self.error[i] = f"lost: {reason}"
+        self.fresh.extend(self.todo)
         self.left -= len(self.todo)
         self.todo.clear()
 
@@ -240,59 +298,106 @@ class _Driver:
 
     # -- the table -----------------------------------------------------------------------------
     def table(self):
-        import pandas as pd
+        import pickle
 
-        n = len(self.items)
-        if n and not any(isinstance(item, dict) for item in self.items):
-            columns: dict[str, list] = {"item": self.items}
-        else:
-            params = [
-                dict(item) if isinstance(item, dict) else {"item": item} for item in self.items
-            ]
-            keys = list(dict.fromkeys(k for p in params for k in p))
-            columns = {k: [p.get(k) for p in params] for k in keys}
-        columns["result"] = self.result
-        results = [r for r, e in zip(self.result, self.error) if e is None]
-        if results and all(isinstance(r, dict) for r in results):
-            for key in dict.fromkeys(k for r in results for k in r):
-                if key not in columns:
-                    columns[key] = [
-                        r.get(key) if isinstance(r, dict) else None for r in self.result
-                    ]
-        columns.update(
-            error=self.error,
-            engine=self.engine,
-            node=self.node,
-            host=self.host,
-            seconds=self.seconds,
+        results = [None if r is None else pickle.loads(r) for r in self.result]
+        df = make_table(
+            self.items, results, self.error, self.engine, self.node, self.host, self.seconds
         )
-        df = pd.DataFrame(columns, index=range(n))
         df.attrs["function_sent"] = self.sent  # batches that carried the function (tests)
         return df
 
 
+def make_table(items, result, error, engine, node, host, seconds, index=None):
+    """The map's DataFrame: a row per item, parameters first (a dict item's keys, else
+    ``item``), then ``result`` and, when every result is a dict, its keys, then ``error``,
+    ``engine``, ``node``, ``host``, ``seconds``; indexed by each item's position."""
+    import pandas as pd
+
+    n = len(items)
+    if n and not any(isinstance(item, dict) for item in items):
+        columns: dict[str, list] = {"item": list(items)}
+    else:
+        params = [dict(item) if isinstance(item, dict) else {"item": item} for item in items]
+        keys = list(dict.fromkeys(k for p in params for k in p))
+        columns = {k: [p.get(k) for p in params] for k in keys}
+    columns["result"] = result
+    results = [r for r, e in zip(result, error) if e is None]
+    if results and all(isinstance(r, dict) for r in results):
+        for key in dict.fromkeys(k for r in results for k in r):
+            if key not in columns:
+                columns[key] = [r.get(key) if isinstance(r, dict) else None for r in result]
+    columns.update(error=error, engine=engine, node=node, host=host, seconds=seconds)
+    return pd.DataFrame(columns, index=range(n) if index is None else list(index))
+
+
 def map_items(
-    cluster, fn, items, *, retries: int = 1, timeout: float | None = None, progress: bool = True
+    cluster,
+    fn,
+    items,
+    *,
+    retries: int = 1,
+    timeout: float | None = None,
+    progress: bool = True,
+    name: str | None = None,
+    pool: str | None = None,
 ):
     """Run ``fn`` on every item; a dict item is passed as keyword arguments (a sweep).
 
-    Returns a DataFrame in input order (see the module's docstring for its columns).
+    The map is a run (see runstore.py): its function and items go to the run's store, the
+    cluster's run driver dispatches them, and this follows the store until the run is done.
+    Returns a DataFrame in input order (see the module's docstring for its columns). A
+    ``timeout`` ends the wait, not the run; an interrupt (Ctrl-C) cancels the run.
     """
-    from tqdm.auto import tqdm
+    import cloudpickle
+
+    from . import runner, runstore
 
     if not callable(fn):
         raise LoungeError(f"map needs a function to call, not {type(fn).__name__}.")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise LoungeError(f"retries must be a whole number of 0 or more, not {retries!r}.")
-    driver = _Driver(cluster, fn, list(items), retries, timeout)
-    with tqdm(total=len(driver.items), disable=not progress, desc="lounge.map", unit="item") as bar:
-        driver.run(bar)
-    return driver.table()
+    items = list(items)
+    nodes = None
+    if pool is not None:
+        nodes = pool_nodes(cluster, pool)
+    function = cloudpickle.dumps(fn, protocol=5)
+    name = runstore.create(
+        cluster.name, name, function, items, retries=retries, pool=pool, nodes=nodes
+    )
+    runner.ensure(cluster.name)
+    run = runstore.Run(cluster.name, name)
+    try:
+        return run.wait(timeout, progress)
+    except KeyboardInterrupt:  # Ctrl-C on the cell: the researcher wants this map stopped
+        run.cancel()
+        raise
 
 
-def _all_engines_gone(cluster) -> str | None:
-    """Why no engine of the cluster can ever run an item again, or None while one can."""
+def pool_nodes(cluster, pool: str) -> list[str]:
+    """The nodes of ``pool`` that run engines of this cluster; a sentence when none does."""
+    if not isinstance(pool, str) or not pool:
+        raise LoungeError(f"pool must be a pool's name, not {pool!r}.")
+    members = set(cluster.backend.pool_nodes(pool))
+    placed = {r["node"] for r in cluster.nodes_status() if r["status"] not in ("lost", "failed")}
+    here = sorted(members & placed)
+    if not here:
+        raise LoungeError(
+            f"Pool {pool!r} has no engine in cluster {cluster.name!r}: its nodes "
+            f"({', '.join(sorted(members)) or 'none'}) run none of its engines (they are on "
+            f"{', '.join(sorted(placed)) or 'no node'}); scale the cluster or map on another pool."
+        )
+    return here
+
+
+def _all_engines_gone(cluster, nodes: set | None = None) -> str | None:
+    """Why no engine of the cluster (on ``nodes``, a pool's) can ever run an item again, or
+    None while one can."""
     rows = cluster.nodes_status()
+    if nodes is not None:
+        rows = [r for r in rows if r["node"] in nodes]
+        if not rows:
+            return f"no node of its pool ({', '.join(sorted(nodes))}) is in the cluster now"
     if rows and all(r["status"] in ("lost", "failed", "stopped", "controller-lost") for r in rows):
         return "; ".join(dict.fromkeys(str(r["error"] or r["status"]) for r in rows))
     return None

@@ -75,7 +75,9 @@ def _corrupt(name: str, path: Path, why: str) -> str:
     )
 
 
-def remove_state(name: str) -> None:
+def remove_state(name: str, keep_runs: bool = False) -> None:
+    """Remove a cluster's state file and folder; with ``keep_runs``, all of the folder but
+    its runs (``runs/``: a stopped cluster's runs stay readable until ``--forget``)."""
     import shutil
 
     try:
@@ -85,6 +87,17 @@ def remove_state(name: str) -> None:
     folder = lounge_dir() / check_name(name)
     if folder.is_symlink():  # never follow it: remove the link, not what it points to
         folder.unlink()
+    elif keep_runs and (folder / "runs").is_dir() and not (folder / "runs").is_symlink():
+        for part in folder.iterdir():
+            if part.name == "runs":
+                continue
+            if part.is_dir() and not part.is_symlink():
+                shutil.rmtree(part, ignore_errors=True)
+            else:
+                try:
+                    part.unlink()
+                except OSError:
+                    pass
     else:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -27,7 +27,7 @@ def run_batch(key: str, batch: bytes, function: bytes | None = None, wait_s: flo
     private folder (``LOUNGE_SHARE_DIR``); its siblings' first batches say ``wait_s``: read
     that copy, waiting for it as long. Later batches name the function by ``key`` alone.
 
-    Returns each item's result and seconds, the errors by position (an item's failure is
+    Returns each item's result (pickled) and seconds, the errors by position (an item's failure is
     its row, never the batch's: only an engine that died loses a batch), and where it ran;
     ``{"missing": key}`` when the function is not here (the driver sends it then).
     """
@@ -54,11 +54,19 @@ def run_batch(key: str, batch: bytes, function: bytes | None = None, wait_s: flo
     for i, item in enumerate(items):
         start = clock()
         try:
-            results.append(fn(**item) if isinstance(item, dict) else fn(item))
-        except Exception as e:  # noqa: BLE001 - the item's failure becomes its row
+            result = fn(**item) if isinstance(item, dict) else fn(item)
+        except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - the item's own row
+            # (an interrupt, `%lounge interrupt` or a cancelled run's, stops this item only:
+            # the engine is fine, and the batch must not be taken for lost and rerun)
             results.append(None)
             tb = traceback.format_exc(limit=-3)
             errors[i] = f"{type(e).__name__}: {e}" + (f"\n{tb}" if tb else "")
+        else:
+            try:
+                results.append(_pack(result))
+            except Exception as e:  # noqa: BLE001 - a lock, a generator: say so in its row
+                results.append(None)
+                errors[i] = f"its result could not be pickled: {type(e).__name__}: {e}"
         seconds.append(clock() - start)
     return {
         "results": results,
@@ -68,6 +76,19 @@ def run_batch(key: str, batch: bytes, function: bytes | None = None, wait_s: flo
         "node": os.environ.get("LOUNGE_NODE", ""),
         "host": socket.gethostname(),
     }
+
+
+def _pack(result) -> bytes:
+    """A result as the run's store keeps it: pickled here, once, so the driver between this
+    engine and the store never has to import what the result is made of."""
+    import pickle
+
+    try:
+        return pickle.dumps(result, protocol=5)
+    except Exception:  # noqa: BLE001 - a class made in the notebook: by value
+        import cloudpickle
+
+        return cloudpickle.dumps(result, protocol=5)
 
 
 def _shared(key: str) -> str | None:

@@ -88,9 +88,25 @@ def test_an_engine_killed_mid_batch_loses_no_item_and_doubles_none(cluster):
         time.sleep(0.02)
         return v, os.getpid()
 
+    import sqlite3
+
+    from jupyter_lounge import runstore
+
     victim = next(e["pid"] for e in cluster.engines() if e["rank"] == 1)
-    threading.Timer(1.0, os.kill, (victim, signal.SIGKILL)).start()
-    df = cluster.map(slow, range(400), progress=False, timeout=120)
+
+    def ran_on_the_victim() -> int:
+        path = runstore.store_path(cluster.name, "victim")
+        if not path.exists():
+            return 0
+        with sqlite3.connect(path) as db:
+            return db.execute("SELECT count(*) FROM rows WHERE engine = 1").fetchone()[0]
+
+    def kill_once_it_ran_some():
+        wait_until(lambda: ran_on_the_victim() >= 5, 60, "rank 1's first rows")
+        os.kill(victim, signal.SIGKILL)
+
+    threading.Thread(target=kill_once_it_ran_some, daemon=True).start()
+    df = cluster.map(slow, range(400), name="victim", progress=False, timeout=120)
     assert df.error.isna().all(), df.error.dropna().tolist()
     assert [r[0] for r in df.result] == list(range(400))  # each once, in order
     pids = {r[1] for r in df.result}

@@ -325,3 +325,50 @@ def test_lounge_sync_ships_once_then_agents_run_the_prepositioned_python(lounge_
     finally:
         cluster.stop_sync()
     nothing_left_on_the_nodes()
+
+
+def test_two_runs_on_two_pools_place_items_only_on_their_pools(lounge_toml, lounge_dir):
+    """The lounge's queues split the machines: half trains one model, half another."""
+    path = Path(lounge_toml["inventory"])
+    pools = {"node1": '["cancer"]', "node2": '["nlp"]', "node3": '["nlp", "spare"]'}
+    text = path.read_text()
+    for node, value in pools.items():  # each node's block ends with its pools line
+        head, _, tail = text.partition(f'name = "{node}"')
+        tail = tail.replace('pools = ["gpu"]', f"pools = {value}", 1)
+        text = head + f'name = "{node}"' + tail
+    path.write_text(text)
+    cluster = Lounge(4, nodes=2, wait=True, **lounge_toml).start_sync()  # node1, node2
+    try:
+        assert {r["node"] for r in cluster.nodes_status()} == {"node1", "node2"}
+
+        def where(x):
+            import socket
+            import time
+
+            time.sleep(0.1)
+            return socket.gethostname()
+
+        out: dict = {}
+        threads = [
+            threading.Thread(
+                target=lambda p=pool: out.__setitem__(
+                    p, cluster.map(where, range(24), name=f"on-{p}", pool=p, progress=False)
+                )
+            )
+            for pool in ("cancer", "nlp")
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert set(out["cancer"].result) == {"node1"} and set(out["nlp"].result) == {"node2"}
+        assert set(out["cancer"].node) == {"node1"} and out["nlp"].error.isna().all()
+        runs = {r["name"]: r for r in cluster.runs()}
+        assert runs["on-cancer"]["pool"] == "cancer" and runs["on-nlp"]["status"] == "done"
+        with pytest.raises(LoungeError, match="Pool 'spare' has no engine in cluster .*node3"):
+            cluster.map(where, range(2), pool="spare", progress=False)
+        with pytest.raises(LoungeError, match="Unknown pool 'ghost'"):
+            cluster.map(where, range(2), pool="ghost", progress=False)
+    finally:
+        cluster.stop_sync()
+    assert processes_under(str(lounge_dir)) == []

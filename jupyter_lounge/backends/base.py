@@ -60,6 +60,15 @@ class Backend:
         """The idle policy a node follows when the cluster names none (None: no yielding)."""
         return None
 
+    def pool_nodes(self, pool: str) -> list[str]:
+        """The nodes of ``pool``: the lounge inventory's pools (this backend has none)."""
+        from ..errors import LoungeError
+
+        raise LoungeError(
+            f"Pools are the lounge's: map(pool={pool!r}) needs a cluster on --backend ssh; "
+            f"this one runs on {self.name}."
+        )
+
     def describe(self) -> dict:
         """The options this backend runs with, for status displays."""
         return dict(self.options)

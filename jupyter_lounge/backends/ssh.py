@@ -88,6 +88,10 @@ class SSHBackend(Configurable, Backend):
             left -= share
         return plan
 
+    def pool_nodes(self, pool: str) -> list[str]:
+        validate.no_control(pool, "The pool")
+        return [n.name for n in self.inv.select(pool)]  # an unknown pool: its sentence
+
     def spec_for(self, node: str | None) -> dict:
         """The node-local folder its agent keeps its files in (see ssh_relay.py)."""
         return {"local_dir": self.nodes[node].local_dir} if node in self.nodes else {}

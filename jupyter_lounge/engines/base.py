@@ -134,6 +134,10 @@ class EngineKind:
         """The result of a done future; raises when its engine could not give one."""
         return future.result()
 
+    def interrupt(self, client: Any, engines: list) -> None:
+        """Interrupt what these engines run now (a cancelled run's batches)."""
+        raise NotImplementedError
+
     def execute(self, client: Any, code: str, timeout: float | None) -> None:
         """Run code on every engine, printing each engine's output as it arrives."""
         raise NotImplementedError

@@ -321,6 +321,10 @@ class DaskEngines(EngineKind):
                         "its worker died before the batch's result could be fetched"
                     ) from None
 
+    def interrupt(self, client, engines):
+        if engines:
+            client.run(interrupt_tasks, workers=list(engines), wait=False)
+
     def execute(self, client, code, timeout):
         from ..tasks import exec_cell
 

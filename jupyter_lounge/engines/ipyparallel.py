@@ -145,6 +145,10 @@ class IPyParallelEngines(EngineKind):
     def outcome(self, future):
         return future.get()
 
+    def interrupt(self, client, engines):
+        if engines:  # the agent's nanny answers it: SIGINT to that very engine
+            client.send_signal("SIGINT", targets=list(engines), block=False)
+
     def execute(self, client, code, timeout):
         if not client.ids:
             raise LoungeError("No engine is registered yet; wait with `%lounge status` and retry.")
