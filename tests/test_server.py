@@ -1,6 +1,7 @@
 """The REST API of docs/rest-api.md on a real Jupyter server (pytest-jupyter's ``jp_fetch``):
 auth on every route, one-sentence errors, a real local cluster started, scaled and stopped
-through it, and clusters started by other processes seen in it."""
+through it, clusters started by other processes seen in it, and their runs listed, cancelled
+and deleted."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 import pytest
 from traitlets.config import Config
 
-from jupyter_lounge import Lounge, state
+from jupyter_lounge import Lounge, LoungeError, state
 from jupyter_lounge.serverext.handlers import MANAGER
 
 from .conftest import processes_under
@@ -33,6 +34,12 @@ CLUSTER_KEYS = {
     "pending",
     "error",
     "connect_code",
+    "runs",
+    "driver",
+}
+RUN_KEYS = {
+    *("name", "cluster", "status", "error", "done", "total", "errors", "started", "finished"),
+    *("pool", "load_code"),
 }
 NODE_KEYS = {
     "name",
@@ -115,6 +122,10 @@ ROUTES = [
     ("PATCH", ("clusters", "ghost")),
     ("DELETE", ("clusters", "ghost")),
     ("POST", ("clusters", "ghost", "interrupt")),
+    ("GET", ("clusters", "ghost", "runs")),
+    ("GET", ("clusters", "ghost", "runs", "r1")),
+    ("DELETE", ("clusters", "ghost", "runs", "r1")),
+    ("POST", ("clusters", "ghost", "runs", "r1", "cancel")),
     ("GET", ("nodes",)),
     ("GET", ("backends",)),
 ]
@@ -144,7 +155,7 @@ async def test_no_registered_route_answers_without_a_token(jp_serverapp, jp_fetc
         for r in rules(jp_serverapp.web_app.default_router)
         if "jupyter-lounge" in getattr(getattr(r.matcher, "regex", None), "pattern", "")
     ]
-    assert len(ours) == 5
+    assert len(ours) == 8
     base = jp_serverapp.base_url
     for rule in ours:
         pattern = rule.matcher.regex.pattern.rstrip("$")
@@ -171,6 +182,11 @@ async def test_a_missing_cluster_is_404(jp_fetch, method):
 async def test_interrupting_a_missing_cluster_is_404(jp_fetch):
     code, body = await call(jp_fetch, "POST", "clusters", "ghost", "interrupt")
     assert (code, body) == (404, {"message": GHOST})
+
+
+@pytest.mark.parametrize("method, path", [r for r in ROUTES if "runs" in r[1]])
+async def test_the_runs_of_a_missing_cluster_are_404(jp_fetch, method, path):
+    assert await call(jp_fetch, method, *path) == (404, {"message": GHOST})
 
 
 async def test_a_name_no_cluster_can_have_is_404(jp_fetch):
@@ -250,6 +266,7 @@ async def test_start_scale_stop_a_real_cluster(jp_fetch, lounge_dir, kind):
 
     row = await wait_for(lambda: ready_row(jp_fetch, "web", 2), 120, "2 engines of 'web'")
     assert set(row) == CLUSTER_KEYS | {"nodes_status"}
+    assert row["driver"] == "running"  # its run driver, started with it
     assert row["engines"] == kind and row["backend"] == "local"
     assert (row["n"], row["target"], row["nodes"], row["error"]) == (2, 2, 1, None)
     assert row["connect_code"] == (
@@ -422,3 +439,87 @@ async def test_the_profile_reaches_the_job_script(jp_fetch, jp_serverapp, tmp_pa
     ]:
         code, answer = await call(jp_fetch, "POST", "clusters", body=bad)
         assert code == 400 and answer["message"].startswith(message), answer
+
+
+async def test_runs_listed_cancelled_and_deleted(jp_fetch, lounge_dir):
+    """A kernel's maps on its cluster, seen and handled through the REST API; the runs stay
+    listed after the cluster is stopped."""
+    lounge = Lounge(2, name="sweeps", wait=True)
+    await asyncio.to_thread(lounge.start_sync)  # as a kernel would (its own loop)
+
+    def slow(v):
+        import time
+
+        time.sleep(0.5)
+        return v
+
+    try:
+        await asyncio.to_thread(lounge.map, lambda v: v, range(10), name="r1", progress=False)
+        code, answer = await call(jp_fetch, "GET", "clusters", "sweeps", "runs")
+        assert code == 200 and [r["name"] for r in answer["runs"]] == ["r1"]
+        r1 = answer["runs"][0]
+        assert set(r1) == RUN_KEYS
+        counts = (r1["cluster"], r1["status"], r1["done"], r1["total"], r1["errors"])
+        assert counts == ("sweeps", "done", 10, 10, 0)
+        assert r1["load_code"] == (
+            "from jupyter_lounge import run\ndf = run('r1', cluster='sweeps').result()"
+        )
+        assert await call(jp_fetch, "GET", "clusters", "sweeps", "runs", "r1") == (200, r1)
+        code, listing = await call(jp_fetch, "GET", "clusters")
+        assert listing["clusters"][0]["runs"] == [r1]
+
+        code, body = await call(jp_fetch, "GET", "clusters", "sweeps", "runs", "nope")
+        assert (code, body) == (
+            404,
+            {
+                "message": "Cluster 'sweeps' has no run named 'nope' (its runs: r1); see "
+                "`lounge runs sweeps`."
+            },
+        )
+        code, body = await call(jp_fetch, "GET", "clusters", "sweeps", "runs", "no pe")
+        assert code == 400 and body["message"].startswith("Run name 'no pe' is not valid: ")
+        code, body = await call(jp_fetch, "POST", "clusters", "sweeps", "runs", "r1", "cancel")
+        assert (code, body) == (
+            200,
+            {"message": "Run 'r1' of 'sweeps' is already done: there is nothing to cancel."},
+        )
+
+        long = asyncio.create_task(
+            asyncio.to_thread(lounge.map, slow, range(200), name="long", progress=False)
+        )
+
+        async def long_is(status):
+            code, run = await call(jp_fetch, "GET", "clusters", "sweeps", "runs", "long")
+            return run if code == 200 and run["status"] == status and run["done"] else None
+
+        await wait_for(lambda: long_is("running"), 60, "the run 'long' to have rows")
+        code, body = await call(jp_fetch, "DELETE", "clusters", "sweeps", "runs", "long")
+        assert (code, body) == (
+            400,
+            {
+                "message": "Run 'long' is still running: cancel it first "
+                "(run('long', cluster='sweeps').cancel())."
+            },
+        )
+        code, body = await call(jp_fetch, "POST", "clusters", "sweeps", "runs", "long", "cancel")
+        assert (code, body) == (
+            200,
+            {"message": "Cancelled run 'long' of 'sweeps'; its rows so far stay readable."},
+        )
+        run = await wait_for(lambda: long_is("cancelled"), 60, "the run 'long' to be cancelled")
+        assert run["done"] < 200 and run["finished"] is not None
+        with pytest.raises(LoungeError, match="Run 'long' cancelled"):
+            await long  # the kernel following it is told
+
+        assert await call(jp_fetch, "DELETE", "clusters", "sweeps", "runs", "r1") == (204, None)
+        assert (await call(jp_fetch, "GET", "clusters", "sweeps", "runs", "r1"))[0] == 404
+        assert (await call(jp_fetch, "DELETE", "clusters", "sweeps", "runs", "r1"))[0] == 404
+    finally:
+        await asyncio.to_thread(lounge.stop_sync)
+    assert await call(jp_fetch, "GET", "clusters") == (200, {"clusters": []})
+    code, answer = await call(jp_fetch, "GET", "clusters", "sweeps", "runs")
+    assert code == 200 and [(r["name"], r["status"]) for r in answer["runs"]] == [
+        ("long", "cancelled")
+    ]
+    assert await call(jp_fetch, "DELETE", "clusters", "sweeps", "runs", "long") == (204, None)
+    assert processes_under(str(lounge_dir)) == []

@@ -4,7 +4,9 @@ A real ``jupyter lab`` server (this venv, a token, a temporary root) and a headl
 open Lab with a notebook, open the Lounge sidebar, start a 4-engine local cluster from the
 dialog, see it become ready, scale it to 6, insert the connect code into the notebook and run
 it, see a cluster started by ``%lounge`` in that notebook's kernel appear, stop both from the
-sidebar and see them disappear. Screenshots go to ``artifacts/`` (git ignores it).
+sidebar and see them disappear. And a cluster's runs: their progress, Cancel on a long one,
+and the code that loads a run's DataFrame inserted and run. Screenshots go to ``artifacts/``
+(git ignores it).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -239,6 +242,108 @@ def test_sidebar_starts_scales_connects_and_stops_clusters(lab, lounge_dir):
     while processes_under(str(lounge_dir)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_under(str(lounge_dir)) == []
+
+
+def _open_sidebar(page, url: str, token: str):
+    """Lab with the notebook open and its kernel idle; the Lounge sidebar shown."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{url}/lab/tree/sweep.ipynb?token={token}")
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
+    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_visible(
+        timeout=120_000
+    )
+    page.locator('.jp-SideBar .lm-TabBar-tab[data-id="jupyter-lounge-sidebar"]').click()
+    sidebar = page.locator("#jupyter-lounge-sidebar")
+    expect(sidebar).to_be_visible()
+    return sidebar
+
+
+@pytest.mark.slow
+def test_sidebar_shows_runs_cancels_one_and_inserts_its_load_code(lab):
+    """A kernel's runs under its cluster: a done one with its progress, a long one cancelled
+    from the sidebar, and the done one's DataFrame loaded by the code the sidebar inserts."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from jupyter_lounge import Lounge, LoungeError
+
+    def slow(v):
+        import time
+
+        time.sleep(0.5)
+        return v
+
+    def follow_long() -> None:
+        try:
+            lounge.map(slow, range(1000), name="long", progress=False)
+        except LoungeError as e:  # cancelled: the kernel following it is told
+            ended.append(str(e))
+
+    url, token, _ = lab
+    ARTIFACTS.mkdir(exist_ok=True)
+    lounge = Lounge(2, name="sweeps", wait=True).start_sync()
+    ended: list[str] = []
+    follower = threading.Thread(target=follow_long)
+    try:
+        lounge.map(lambda v: v * 2, range(10), name="r1", progress=False)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(60_000)
+            try:
+                sidebar = _open_sidebar(page, url, token)
+                row = sidebar.locator('[data-testid="lounge-cluster-row"][data-cluster="sweeps"]')
+                r1 = row.locator('[data-testid="lounge-run"][data-run="r1"]')
+                expect(r1.locator('[data-testid="lounge-run-progress"]')).to_have_text("10/10")
+                expect(r1.locator('[data-testid="lounge-run-status"]')).to_have_text("done")
+                expect(r1.locator('[data-testid="lounge-run-cancel"]')).to_have_count(0)
+
+                # a long run shows as running; Cancel (confirmed) ends it, its rows kept
+                follower.start()
+                long = row.locator('[data-testid="lounge-run"][data-run="long"]')
+                expect(long.locator('[data-testid="lounge-run-status"]')).to_have_text(
+                    "running", timeout=120_000
+                )
+                expect(long.locator('[data-testid="lounge-run-progress"]')).not_to_have_text(
+                    "0/1000", timeout=120_000
+                )
+                sidebar.screenshot(path=str(ARTIFACTS / "sidebar-runs.png"))
+                long.locator('[data-testid="lounge-run-cancel"]').click()
+                page.locator(".jp-Dialog-button.jp-mod-accept").click()
+                expect(page.get_by_text("Cancelled run 'long' of 'sweeps'")).to_be_visible()
+                expect(long.locator('[data-testid="lounge-run-status"]')).to_have_text(
+                    "cancelled", timeout=60_000
+                )
+                expect(long.locator('[data-testid="lounge-run-cancel"]')).to_have_count(0)
+                follower.join(timeout=60)
+                assert ended and "Run 'long' cancelled" in ended[0], ended
+
+                # Insert code puts the line that loads r1's table below the active cell
+                page.locator(".jp-Notebook .jp-Cell").first.click()
+                r1.locator('[data-testid="lounge-run-insert"]').click()
+                cells = page.locator(".jp-Notebook .jp-Cell")
+                expect(cells).to_have_count(2)
+                expect(cells.nth(1)).to_contain_text("run('r1', cluster='sweeps').result()")
+                cells.nth(1).locator(".cm-content").click()
+                page.keyboard.press("Shift+Enter")  # runs it and adds a cell below
+                new = page.locator(".jp-Notebook .jp-Cell").nth(2)
+                new.locator(".cm-content").click()
+                page.keyboard.type("print(type(df).__name__, len(df), df['result'].sum())")
+                page.keyboard.press("Shift+Enter")
+                expect(new.locator(".jp-OutputArea-output")).to_contain_text(
+                    "DataFrame 10 90", timeout=120_000
+                )
+                sidebar.screenshot(path=str(ARTIFACTS / "sidebar-runs-cancelled.png"))
+                expect(sidebar.locator('[data-testid="lounge-error"]')).to_have_text("")
+            except BaseException:
+                page.screenshot(path=str(ARTIFACTS / "sidebar-runs-failure.png"))
+                raise
+            finally:
+                browser.close()
+    finally:
+        lounge.stop_sync()
+        if follower.is_alive():
+            follower.join(timeout=60)
 
 
 def test_a_server_error_is_shown_in_the_sidebar(lab):

@@ -3,7 +3,7 @@
 Every verb needs Jupyter's auth (``web.authenticated``, then ``authorized`` on the resource
 ``lounge``), so a request without a token or cookie gets 403, and writes need XSRF like the
 rest of the Jupyter API. Errors are ``{"message": one sentence}``: a LoungeError is a 400,
-an unknown cluster a 404.
+an unknown cluster or run a 404.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ AUTH_RESOURCE = "lounge"
 
 
 def answers_errors(method):
-    """Turn a LoungeError into a 400 and an unknown cluster into a 404, each one sentence."""
+    """Turn a LoungeError into a 400 and an unknown cluster or run into a 404, each one
+    sentence."""
 
     @functools.wraps(method)
     async def wrapper(self: LoungeHandler, *args: Any, **kwargs: Any) -> None:
@@ -124,6 +125,37 @@ class InterruptHandler(LoungeHandler):
         self.reply(200, {"message": await self.manager.interrupt_work(name)})
 
 
+class RunsHandler(LoungeHandler):
+    @web.authenticated
+    @authorized
+    @answers_errors
+    async def get(self, name: str) -> None:
+        self.reply(200, {"runs": await self.manager.runs(name)})
+
+
+class RunHandler(LoungeHandler):
+    @web.authenticated
+    @authorized
+    @answers_errors
+    async def get(self, name: str, run: str) -> None:
+        self.reply(200, await self.manager.run(name, run))
+
+    @web.authenticated
+    @authorized
+    @answers_errors
+    async def delete(self, name: str, run: str) -> None:
+        await self.manager.delete_run(name, run)
+        self.reply(204)
+
+
+class CancelRunHandler(LoungeHandler):
+    @web.authenticated
+    @authorized
+    @answers_errors
+    async def post(self, name: str, run: str) -> None:
+        self.reply(200, {"message": await self.manager.cancel_run(name, run)})
+
+
 class NodesHandler(LoungeHandler):
     @web.authenticated
     @authorized
@@ -142,10 +174,15 @@ class BackendsHandler(LoungeHandler):
 
 def routes(base_url: str) -> list[tuple[str, type]]:
     root = url_path_join(base_url, "jupyter-lounge")
+    cluster = url_path_join(root, "clusters", "(?P<name>[^/]+)")
+    run = url_path_join(cluster, "runs", "(?P<run>[^/]+)")
     return [
         (url_path_join(root, "clusters"), ClustersHandler),
-        (url_path_join(root, "clusters", "(?P<name>[^/]+)"), ClusterHandler),
-        (url_path_join(root, "clusters", "(?P<name>[^/]+)", "interrupt"), InterruptHandler),
+        (cluster, ClusterHandler),
+        (url_path_join(cluster, "interrupt"), InterruptHandler),
+        (url_path_join(cluster, "runs"), RunsHandler),
+        (run, RunHandler),
+        (url_path_join(run, "cancel"), CancelRunHandler),
         (url_path_join(root, "nodes"), NodesHandler),
         (url_path_join(root, "backends"), BackendsHandler),
     ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .. import state
+from .. import runner, runstore, state
 from ..cluster import Cluster, controller_alive, ensure_name_free, name_in_use
 from ..errors import LoungeError, NoSuchCluster
 from ..manager import corrupt_summary, forget_unreadable, names, summary
@@ -141,6 +141,27 @@ class ServerSession:
         if not found:
             raise self._missing(name)
 
+    async def runs(self, name: str) -> list[dict]:
+        """The cluster's runs, oldest first, as ``lounge runs NAME`` lists them (a run whose
+        driver is gone gets it started again, so listing resumes it)."""
+        self._has_runs_or_state(name)
+        return await asyncio.to_thread(_list_runs, name)
+
+    async def run(self, name: str, run: str) -> dict:
+        """One run's summary."""
+        self._has_runs_or_state(name)
+        return await asyncio.to_thread(lambda: runstore.Run(name, run).summary())
+
+    async def cancel_run(self, name: str, run: str) -> str:
+        """Cancel a run (its rows so far stay); the sentence saying so."""
+        self._has_runs_or_state(name)
+        return await asyncio.to_thread(_cancel_run, name, run)
+
+    async def delete_run(self, name: str, run: str) -> None:
+        """Remove an ended run and its rows (a LoungeError while it runs)."""
+        self._has_runs_or_state(name)
+        await asyncio.to_thread(lambda: runstore.Run(name, run).delete())
+
     async def nodes(self) -> list[dict]:
         """This machine, then the lounge inventory's nodes, each with its engines running."""
         return await self._survey().nodes()
@@ -212,6 +233,14 @@ class ServerSession:
             f"No cluster named {name!r} (running: {', '.join(known) or 'none'}); see `lounge list`."
         )
 
+    def _has_runs_or_state(self, name: str) -> None:
+        """A 404 unless the cluster is known here or its folder keeps runs (it was stopped)."""
+        known = name in self._starting or name in self._failed or name in names()
+        if not known and not (
+            state.NAME_RE.match(name) and runstore.runs_dir(name, make=False).is_dir()
+        ):
+            raise self._missing(name)
+
     def _live(self, name: str) -> Cluster:
         """The Cluster to scale: one that runs, or a sentence saying why it cannot."""
         if name in self._failed:
@@ -260,3 +289,19 @@ def _observe(clusters: dict[str, Cluster], stale: list[Cluster]) -> dict[str, tu
                 break
         seen[name] = (ready, pending)
     return seen
+
+
+def _list_runs(name: str) -> list[dict]:
+    """(blocking) The cluster's runs; a driver found gone is started again, as
+    ``Cluster.runs`` does (``ensure`` does nothing once the cluster is stopped)."""
+    found = runstore.runs(name)
+    if any(r["status"] in ("stalled", "submitted") for r in found):
+        runner.ensure(name)
+    return found
+
+
+def _cancel_run(name: str, run: str) -> str:
+    """(blocking) Cancel the run unless it has ended; what was done, in one sentence."""
+    from ..faces import cancel_run
+
+    return cancel_run(runstore.Run(name, run))

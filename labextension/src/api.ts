@@ -139,6 +139,15 @@ export class LoungeAPI {
     return typeof answer?.message === 'string' ? answer.message : `Interrupted ${name}.`;
   }
 
+  /** Cancels a run (its rows so far stay); answers with what was done. */
+  async cancelRun(cluster: string, run: string): Promise<string> {
+    const answer = await this._request<{ message?: unknown }>(
+      `${clusterPath(cluster)}/runs/${encodeURIComponent(run)}/cancel`,
+      { method: 'POST' }
+    );
+    return typeof answer?.message === 'string' ? answer.message : `Cancelled ${run}.`;
+  }
+
   /** Answers once nothing of the cluster is left running. */
   async stop(name: string): Promise<void> {
     await this._request(clusterPath(name), { method: 'DELETE' });

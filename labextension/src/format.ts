@@ -46,6 +46,35 @@ export function formatReady(
   return `${r}/${t}`;
 }
 
+/** A run's progress as `done/total`, e.g. `37/200`; a missing count reads as 0. */
+export function formatProgress(
+  done: number | null | undefined,
+  total: number | null | undefined
+): string {
+  return formatReady(done, total);
+}
+
+/** How full a run's progress bar is, 0 to 100; an empty run (no items) is full. */
+export function progressPercent(
+  done: number | null | undefined,
+  total: number | null | undefined
+): number {
+  const d = isNumber(done) ? Math.max(0, done) : 0;
+  if (!isNumber(total) || total <= 0) {
+    return 100;
+  }
+  return Math.min(100, Math.round((100 * d) / total));
+}
+
+/** `1 error`, `3 errors`; none: empty (a clean run says nothing about errors). */
+export function formatErrors(count: number | null | undefined): string {
+  const n = isNumber(count) ? Math.max(0, Math.round(count)) : 0;
+  if (n === 0) {
+    return '';
+  }
+  return n === 1 ? '1 error' : `${n} errors`;
+}
+
 /** One GPU: `3% (mem 10%)`; several joined with commas; none: `no GPU`. */
 export function formatGpus(
   gpus: ReadonlyArray<{

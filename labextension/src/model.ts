@@ -7,11 +7,35 @@
 import {
   formatAge,
   formatEngines,
+  formatErrors,
   formatGpus,
   formatPercent,
   formatPools,
-  formatReady
+  formatProgress,
+  formatReady,
+  progressPercent
 } from './format';
+
+/** A run (a `lounge.map`) of a cluster: `GET /jupyter-lounge/clusters/{name}/runs` entries,
+ * and each cluster's `runs`. */
+export interface IRunModel {
+  name: string;
+  cluster: string;
+  /** `submitted`, `running`, `done`, `cancelled`, `failed` or `stalled`. */
+  status: string;
+  /** Why it failed or stalled, or null. */
+  error: string | null;
+  done: number;
+  total: number;
+  /** Items whose call raised (their rows hold the error). */
+  errors: number;
+  /** Seconds since the epoch. */
+  started: number | null;
+  finished: number | null;
+  pool: string | null;
+  /** The Python that loads the run's DataFrame in a notebook. */
+  load_code: string;
+}
 
 /** `GET /jupyter-lounge/clusters` entries. */
 export interface IClusterModel {
@@ -32,6 +56,8 @@ export interface IClusterModel {
   /** Why a start from the sidebar failed, or null. */
   error: string | null;
   connect_code: string;
+  /** Its runs, oldest first. */
+  runs: IRunModel[];
 }
 
 export interface IGpuModel {
@@ -141,6 +167,28 @@ function asList(body: unknown, key: string): unknown[] {
   return Array.isArray(list) ? list : [];
 }
 
+export function parseRun(raw: unknown): IRunModel {
+  const r = asObject(raw);
+  return {
+    name: asString(r.name),
+    cluster: asString(r.cluster),
+    status: asString(r.status, 'unknown'),
+    error: asNullableString(r.error),
+    done: asNumber(r.done),
+    total: asNumber(r.total),
+    errors: asNumber(r.errors),
+    started: asNullableNumber(r.started),
+    finished: asNullableNumber(r.finished),
+    pool: asNullableString(r.pool),
+    load_code: asString(r.load_code)
+  };
+}
+
+/** A list of runs as the server sent it (oldest first), nameless entries dropped. */
+export function parseRuns(list: unknown): IRunModel[] {
+  return (Array.isArray(list) ? list : []).map(parseRun).filter(r => r.name !== '');
+}
+
 export function parseCluster(raw: unknown): IClusterModel {
   const c = asObject(raw);
   const n = asNumber(c.n);
@@ -163,7 +211,8 @@ export function parseCluster(raw: unknown): IClusterModel {
     preload,
     pending: asNullableString(c.pending),
     error: asNullableString(c.error),
-    connect_code: asString(c.connect_code)
+    connect_code: asString(c.connect_code),
+    runs: parseRuns(c.runs)
   };
 }
 
@@ -232,8 +281,9 @@ export function parseBackends(body: unknown): IBackendsModel {
 /** How a status looks: drives the colour of the status text. */
 export type Tone = 'ok' | 'busy' | 'warn' | 'error';
 
-/** An action on a cluster still waiting for the server's answer. */
-export type Busy = 'stopping' | 'scaling' | 'interrupting';
+/** An action on a cluster (or on a run: `cancelling`) still waiting for the server's
+ * answer. */
+export type Busy = 'stopping' | 'scaling' | 'interrupting' | 'cancelling';
 
 export interface IClusterView {
   name: string;
@@ -315,6 +365,60 @@ export function describeCluster(
     canInsert: live && busy !== 'stopping',
     stopLabel: failed ? 'Remove' : corrupt ? 'Forget' : 'Stop'
   };
+}
+
+/** Runs that are still under way: a stalled one resumes once its driver is back. */
+const RUN_ACTIVE = ['submitted', 'running', 'stalled'];
+
+export interface IRunView {
+  name: string;
+  cluster: string;
+  /** `done/total`, e.g. `37/200`. */
+  progress: string;
+  /** How full its bar is, 0 to 100. */
+  percent: number;
+  /** `3 errors`, or empty. */
+  errors: string;
+  status: string;
+  tone: Tone;
+  /** Why it failed or stalled, shown under it. */
+  detail: string;
+  /** Offered while it is under way; false while a cancel is in flight. */
+  canCancel: boolean;
+  showCancel: boolean;
+  canInsert: boolean;
+}
+
+export function describeRun(run: IRunModel, busy?: Busy): IRunView {
+  const active = RUN_ACTIVE.includes(run.status);
+  let tone: Tone;
+  if (busy || run.status === 'running' || run.status === 'submitted') {
+    tone = 'busy';
+  } else if (run.status === 'done') {
+    tone = run.errors ? 'warn' : 'ok';
+  } else if (run.status === 'failed') {
+    tone = 'error';
+  } else {
+    tone = 'warn'; // cancelled, stalled
+  }
+  return {
+    name: run.name,
+    cluster: run.cluster,
+    progress: formatProgress(run.done, run.total),
+    percent: progressPercent(run.done, run.total),
+    errors: formatErrors(run.errors),
+    status: busy === 'cancelling' && active ? busy : run.status,
+    tone,
+    detail: run.error ?? '',
+    canCancel: active && !busy,
+    showCancel: active,
+    canInsert: run.load_code !== ''
+  };
+}
+
+/** The key of a run's pending action: never a cluster's name, which has no `/`. */
+export function runKey(cluster: string, run: string): string {
+  return `${cluster}/${run}`;
 }
 
 export interface INodeView {
@@ -489,6 +593,7 @@ export class LoungeState {
     this._errorSource = null;
   }
 
+  /** What is in flight for a cluster (its name) or a run (its `runKey`). */
   busy(name: string): Busy | undefined {
     return this._busy.get(name);
   }
@@ -503,6 +608,16 @@ export class LoungeState {
 
   clusterViews(): IClusterView[] {
     return this.clusters.map(c => describeCluster(c, this._busy.get(c.name)));
+  }
+
+  runViews(cluster: string): IRunView[] {
+    return (this.cluster(cluster)?.runs ?? []).map(r =>
+      describeRun(r, this._busy.get(runKey(cluster, r.name)))
+    );
+  }
+
+  run(cluster: string, name: string): IRunModel | undefined {
+    return this.cluster(cluster)?.runs.find(r => r.name === name);
   }
 
   nodeViews(): INodeView[] {

@@ -1,6 +1,7 @@
 /**
- * The Lounge sidebar: the clusters (with start, scale, stop and insert-connect-code)
- * and the nodes of the lounge, refreshed by a Lumino Poll. The DOM contract (the
+ * The Lounge sidebar: the clusters (with start, scale, stop and insert-connect-code),
+ * each with its runs (progress, cancel, insert-load-code), and the nodes of the lounge,
+ * refreshed by a Lumino Poll. The DOM contract (the
  * data-testid attributes) is in docs/rest-api.md; rows are keyed by name so that a
  * refresh updates them in place and a button being clicked is never replaced.
  */
@@ -23,7 +24,9 @@ import {
   describeCluster,
   IClusterView,
   INodeView,
-  LoungeState
+  IRunView,
+  LoungeState,
+  runKey
 } from './model';
 
 export const SIDEBAR_ID = 'jupyter-lounge-sidebar';
@@ -178,19 +181,57 @@ export class LoungeSidebar extends Widget {
     await this._act(name, 'stopping', () => this._api.stop(name));
   }
 
-  /**
-   * Put a cluster's connect code into the active notebook, as a new code cell below
-   * the active cell.
-   */
+  /** Confirm, then cancel a run: no more batches go out and those out are interrupted;
+   * its rows so far stay readable. */
+  async cancelRun(cluster: string, run: string): Promise<void> {
+    const result = await showDialog({
+      title: `Cancel run ${run}?`,
+      body:
+        `No more of its items go out to the engines of ${cluster}, and those running are ` +
+        'interrupted; the rows done so far stay readable.',
+      buttons: [
+        Dialog.cancelButton({ label: 'Keep running' }),
+        Dialog.warnButton({ label: 'Cancel run' })
+      ]
+    });
+    if (!result.button.accept) {
+      return;
+    }
+    await this._act(runKey(cluster, run), 'cancelling', async () => {
+      Notification.info(await this._api.cancelRun(cluster, run), { autoClose: 8000 });
+    });
+  }
+
+  /** Put a cluster's connect code into the active notebook, below its active cell. */
   insertConnectCode(name: string): void {
-    this.state.clearError();
     const cluster = this.state.cluster(name);
+    if (cluster) {
+      this._insertCode(connectSnippet(cluster), `the connect code of ${name}`);
+    } else {
+      this._missing(`There is no cluster named '${name}' any more.`);
+    }
+  }
+
+  /** Put the code that loads a run's DataFrame into the active notebook. */
+  insertRunCode(cluster: string, name: string): void {
+    const run = this.state.run(cluster, name);
+    if (run && run.load_code) {
+      this._insertCode(run.load_code, `the code that loads run ${name}`);
+    } else {
+      this._missing(`Cluster '${cluster}' has no run named '${name}' any more.`);
+    }
+  }
+
+  /**
+   * Put `code` into the active notebook as a new code cell below the active cell; `what`
+   * names it in the error when there is no notebook.
+   */
+  private _insertCode(code: string, what: string): void {
+    this.state.clearError();
     const panel = this._notebooks?.currentWidget ?? null;
-    if (!cluster) {
-      this.state.setError(`There is no cluster named '${name}' any more.`, 'action');
-    } else if (!panel || !panel.content.model) {
+    if (!panel || !panel.content.model) {
       this.state.setError(
-        `Open a notebook first: the connect code of ${name} goes into the active notebook, below its active cell.`,
+        `Open a notebook first: ${what} goes into the active notebook, below its active cell.`,
         'action'
       );
     } else {
@@ -201,7 +242,7 @@ export class LoungeSidebar extends Widget {
       }
       const cell = notebook.activeCell;
       if (cell) {
-        cell.model.sharedModel.setSource(connectSnippet(cluster));
+        cell.model.sharedModel.setSource(code);
         this._activate(panel.id);
       } else {
         this.state.setError(
@@ -210,6 +251,12 @@ export class LoungeSidebar extends Widget {
         );
       }
     }
+    this._render();
+    void this.refresh();
+  }
+
+  private _missing(message: string): void {
+    this.state.setError(message, 'action');
     this._render();
     void this.refresh();
   }
@@ -455,6 +502,110 @@ export class LoungeSidebar extends Widget {
             title: `Insert the code that connects to ${name} below the active notebook cell`,
             ...disabledUnless(view.canInsert),
             onclick: () => this.insertConnectCode(name)
+          },
+          'Insert code'
+        )
+      ),
+      this._renderRuns(name)
+    );
+  }
+
+  /** A cluster's runs, oldest first; nothing when it has none. */
+  private _renderRuns(cluster: string): VirtualElement | null {
+    const views = this.state.runViews(cluster);
+    if (!views.length) {
+      return null;
+    }
+    return h.div(
+      { className: 'jp-lounge-Runs', dataset: { testid: 'lounge-runs' } },
+      views.map(view => this._renderRun(cluster, view))
+    );
+  }
+
+  private _renderRun(cluster: string, view: IRunView): VirtualElement {
+    const name = view.name;
+    return h.div(
+      {
+        key: name,
+        className: `jp-lounge-RunItem jp-lounge-tone-${view.tone}`,
+        dataset: { testid: 'lounge-run', run: name, status: view.status }
+      },
+      h.div(
+        { className: 'jp-lounge-Line' },
+        h.span({ className: 'jp-lounge-RunName', title: name }, name),
+        h.span(
+          {
+            className: 'jp-lounge-RunProgress',
+            dataset: { testid: 'lounge-run-progress' },
+            title: 'items done / items'
+          },
+          view.progress
+        )
+      ),
+      h.div(
+        {
+          className: 'jp-lounge-ProgressBar',
+          role: 'progressbar',
+          'aria-label': `Progress of run ${name}`,
+          'aria-valuemin': '0',
+          'aria-valuemax': '100',
+          'aria-valuenow': String(view.percent)
+        },
+        h.div({
+          className: 'jp-lounge-ProgressFill',
+          style: { width: `${view.percent}%` }
+        })
+      ),
+      h.div(
+        { className: 'jp-lounge-Line jp-lounge-Meta' },
+        h.span(
+          {
+            className: `jp-lounge-RunStatus jp-lounge-tone-${view.tone}`,
+            dataset: { testid: 'lounge-run-status' }
+          },
+          view.status
+        ),
+        view.errors
+          ? h.span(
+              {
+                className: 'jp-lounge-RunErrors',
+                dataset: { testid: 'lounge-run-errors' },
+                title: 'items whose call raised: their rows hold the error'
+              },
+              view.errors
+            )
+          : null
+      ),
+      view.detail
+        ? h.div(
+            {
+              className: 'jp-lounge-ClusterDetail',
+              dataset: { testid: 'lounge-run-error' }
+            },
+            view.detail
+          )
+        : null,
+      h.div(
+        { className: 'jp-lounge-Actions' },
+        view.showCancel
+          ? h.button(
+              {
+                className: 'jp-lounge-Button jp-mod-warn',
+                dataset: { testid: 'lounge-run-cancel' },
+                title: `Cancel run ${name} (its rows so far stay readable)`,
+                ...disabledUnless(view.canCancel),
+                onclick: () => void this.cancelRun(cluster, name)
+              },
+              'Cancel'
+            )
+          : null,
+        h.button(
+          {
+            className: 'jp-lounge-Button',
+            dataset: { testid: 'lounge-run-insert' },
+            title: `Insert the code that loads the table of run ${name} below the active notebook cell`,
+            ...disabledUnless(view.canInsert),
+            onclick: () => this.insertRunCode(cluster, name)
           },
           'Insert code'
         )

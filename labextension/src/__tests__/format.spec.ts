@@ -2,10 +2,13 @@ import {
   connectSnippet,
   formatAge,
   formatEngines,
+  formatErrors,
   formatGpus,
   formatPercent,
   formatPools,
+  formatProgress,
   formatReady,
+  progressPercent,
   readableError,
   UNKNOWN
 } from '../format';
@@ -42,6 +45,29 @@ describe('formatAge', () => {
     expect(formatAge(null)).toBe(UNKNOWN);
     expect(formatAge(undefined)).toBe(UNKNOWN);
     expect(formatAge(-1)).toBe(UNKNOWN);
+  });
+});
+
+describe('run progress', () => {
+  it('is done/total, and how full the bar is', () => {
+    expect(formatProgress(37, 200)).toBe('37/200');
+    expect(progressPercent(37, 200)).toBe(19);
+    expect(progressPercent(0, 200)).toBe(0);
+    expect(progressPercent(200, 200)).toBe(100);
+  });
+
+  it('keeps the bar between empty and full', () => {
+    expect(progressPercent(-3, 10)).toBe(0);
+    expect(progressPercent(12, 10)).toBe(100);
+    expect(progressPercent(null, 10)).toBe(0);
+    expect(progressPercent(0, 0)).toBe(100); // a run of no items has nothing left
+  });
+
+  it('counts errors, and says nothing of none', () => {
+    expect(formatErrors(0)).toBe('');
+    expect(formatErrors(undefined)).toBe('');
+    expect(formatErrors(1)).toBe('1 error');
+    expect(formatErrors(3)).toBe('3 errors');
   });
 });
 

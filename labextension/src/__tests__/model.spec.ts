@@ -7,8 +7,10 @@ import {
   defaultBackend,
   describeCluster,
   describeNode,
+  describeRun,
   IClusterModel,
   INodeModel,
+  IRunModel,
   IStartForm,
   LoungeState,
   normalizePreload,
@@ -16,10 +18,27 @@ import {
   parseClusters,
   parseCount,
   parseNodes,
-  poolsFor
+  parseRuns,
+  poolsFor,
+  runKey
 } from '../model';
 
 /** The example answers of docs/rest-api.md. */
+const sweep = {
+  name: 'sweep-1',
+  cluster: 'lounge-1',
+  status: 'running',
+  error: null,
+  done: 37,
+  total: 200,
+  errors: 2,
+  started: 1764780000.5,
+  finished: null,
+  pool: null,
+  load_code:
+    "from jupyter_lounge import run\ndf = run('sweep-1', cluster='lounge-1').result()"
+};
+
 const clustersAnswer = {
   clusters: [
     {
@@ -35,7 +54,8 @@ const clustersAnswer = {
       preload: null,
       pending: 'Resources',
       error: null,
-      connect_code: 'x'
+      connect_code: 'x',
+      runs: []
     },
     {
       name: 'lounge-1',
@@ -51,7 +71,8 @@ const clustersAnswer = {
       pending: null,
       error: null,
       connect_code:
-        'from jupyter_lounge import Lounge\nlounge = Lounge.attach("lounge-1")\nclient = lounge.client'
+        'from jupyter_lounge import Lounge\nlounge = Lounge.attach("lounge-1")\nclient = lounge.client',
+      runs: [sweep]
     }
   ]
 };
@@ -133,7 +154,8 @@ describe('parseClusters', () => {
       preload: 'tensorflow,numpy',
       pending: null,
       error: null,
-      connect_code: ''
+      connect_code: '',
+      runs: []
     });
   });
 
@@ -266,6 +288,72 @@ describe('cluster rows', () => {
   it('marks a cluster still filling as busy', () => {
     expect(describeCluster(cluster({ ready: 2, target: 8 })).tone).toBe('busy');
     expect(describeCluster(cluster({ status: 'dead' })).tone).toBe('error');
+  });
+});
+
+describe('runs', () => {
+  function run(overrides: Partial<IRunModel> = {}): IRunModel {
+    return { ...sweep, ...overrides };
+  }
+
+  it("reads a cluster's runs in the server's order, with harmless defaults", () => {
+    expect(parseClusters(clustersAnswer)[0].runs).toEqual([sweep]);
+    const runs = parseRuns([{ name: 'b', done: '3' }, { total: 4 }, run({ name: 'a' })]);
+    expect(runs.map(r => r.name)).toEqual(['b', 'a']);
+    expect(runs[0]).toMatchObject({ status: 'unknown', done: 0, error: null, load_code: '' });
+    expect(parseRuns('none')).toEqual([]);
+  });
+
+  it('shows a running run with its progress, errors and Cancel', () => {
+    expect(describeRun(run())).toEqual({
+      name: 'sweep-1',
+      cluster: 'lounge-1',
+      progress: '37/200',
+      percent: 19,
+      errors: '2 errors',
+      status: 'running',
+      tone: 'busy',
+      detail: '',
+      canCancel: true,
+      showCancel: true,
+      canInsert: true
+    });
+  });
+
+  it('offers Cancel only while a run is under way', () => {
+    for (const status of ['submitted', 'running', 'stalled']) {
+      expect(describeRun(run({ status })).showCancel).toBe(true);
+    }
+    for (const status of ['done', 'cancelled', 'failed']) {
+      expect(describeRun(run({ status }))).toMatchObject({ showCancel: false, canCancel: false });
+    }
+    expect(describeRun(run(), 'cancelling')).toMatchObject({
+      status: 'cancelling',
+      showCancel: true,
+      canCancel: false
+    });
+  });
+
+  it('says why a run failed or stalled', () => {
+    const failed = run({ status: 'failed', error: "its cluster 'lounge-1' is gone" });
+    expect(describeRun(failed)).toMatchObject({
+      tone: 'error',
+      detail: "its cluster 'lounge-1' is gone"
+    });
+    expect(describeRun(run({ status: 'stalled', error: 'its driver is gone' })).tone).toBe(
+      'warn'
+    );
+  });
+
+  it('marks a finished run ok, or warns when some items raised', () => {
+    const done = run({ status: 'done', done: 200, errors: 0, finished: 1764780100 });
+    expect(describeRun(done)).toMatchObject({ tone: 'ok', percent: 100, errors: '' });
+    expect(describeRun({ ...done, errors: 1 })).toMatchObject({ tone: 'warn', errors: '1 error' });
+    expect(describeRun(run({ status: 'cancelled' })).tone).toBe('warn');
+  });
+
+  it('has nothing to insert without load code', () => {
+    expect(describeRun(run({ load_code: '' })).canInsert).toBe(false);
   });
 });
 
@@ -416,5 +504,19 @@ describe('LoungeState', () => {
     expect(state.nodeViews().map(v => v.name)).toEqual(['this machine', 'pc01']);
     expect(state.cluster('lounge-2')?.backend).toBe('slurm');
     expect(state.cluster('nope')).toBeUndefined();
+  });
+
+  it("describes a cluster's runs, a cancel in flight marking its run only", () => {
+    const state = new LoungeState();
+    state.setClusters(parseClusters(clustersAnswer));
+    state.setBusy(runKey('lounge-1', 'sweep-1'), 'cancelling');
+    expect(state.runViews('lounge-1').map(v => [v.name, v.status])).toEqual([
+      ['sweep-1', 'cancelling']
+    ]);
+    expect(state.clusterViews()[0].status).toBe('running');
+    expect(state.runViews('lounge-2')).toEqual([]);
+    expect(state.runViews('nope')).toEqual([]);
+    expect(state.run('lounge-1', 'sweep-1')?.total).toBe(200);
+    expect(state.run('lounge-1', 'nope')).toBeUndefined();
   });
 });
