@@ -62,7 +62,7 @@ class _Driver:
         self.timeout = timeout
         function = fn if isinstance(fn, bytes) else cloudpickle.dumps(fn, protocol=5)
         self.key = hashlib.sha256(function).hexdigest()[:16]
-        self.function = self.kind.share(self.client, function)
+        self.function = function  # to one engine per node (see _function_for)
         self.nodes = None if nodes is None else set(nodes)  # a pool's: only engines there
         n = len(items)
         self.todo: deque[int] = deque(range(n) if todo is None else todo)
@@ -143,6 +143,8 @@ class _Driver:
             return
         self.looked = now
         found = self.kind.engines(self.client)
+        if found and set(found) <= self.dead:  # every engine registered now lost a batch:
+            self.dead -= set(found)  # they are alive (a dead one leaves), so try them again
         self.engines = {
             e: node
             for e, node in found.items()

@@ -116,8 +116,7 @@ def test_an_engine_killed_mid_batch_loses_no_item_and_doubles_none(cluster):
 
 def test_batches_grow_from_the_measured_time_per_item_and_stay_fair():
     class Kind:  # no engine: only the driver's sizing is looked at
-        def share(self, client, data):
-            return data
+        pass
 
     class Cluster:
         kind, client = Kind(), None
@@ -146,9 +145,6 @@ class InProcess:
 
     def engines(self, client):
         return {e: self.node or f"node{e}" for e in self.ids}
-
-    def share(self, client, data):
-        return data
 
     def submit_to(self, client, engine, fn, *args):
         from concurrent.futures import Future
@@ -203,6 +199,24 @@ def test_an_item_lost_more_often_than_retries_says_so_in_its_row():
     df = drive(kind, list(range(3)), retries=2)
     assert list(df.error) == ["lost: RuntimeError: its engine died"] * 3
     assert kind.fail == 1  # three tries each: nine engines died
+
+
+def test_engines_that_lost_a_batch_but_are_still_there_get_work_again():
+    class Flaky(InProcess):  # the batch fails, the engine stays (same id): not a death
+        def submit_to(self, client, engine, fn, *args):
+            from concurrent.futures import Future
+
+            if self.fail:
+                self.fail -= 1
+                self.sent.append((engine, args[2] is not None))
+                future = Future()
+                future.set_exception(RuntimeError("lost dependencies"))
+                return future
+            return super().submit_to(client, engine, fn, *args)
+
+    kind = Flaky(engines=[0, 1], fail=2)  # both lose their first batch
+    df = drive(kind, list(range(20)), retries=3)  # once every engine is marked, none waits
+    assert list(df.result) == [v * 10 for v in range(20)] and df.error.isna().all()
 
 
 def test_the_function_goes_with_the_first_batch_to_each_engine_only():

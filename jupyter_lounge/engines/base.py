@@ -115,11 +115,6 @@ class EngineKind:
         """The engines registered now, as ``submit_to`` names them, each with its node."""
         raise NotImplementedError
 
-    def share(self, client: Any, data: bytes) -> Any:
-        """``data`` (a map's function) as it is best handed to ``submit_to`` once per engine:
-        the bytes themselves, or a reference the engines fetch."""
-        return data
-
     def submit_to(self, client: Any, engine: Any, fn: Any, *args: Any) -> Future:
         """Run ``fn(*args)`` on that engine alone; a future of its result."""
         raise NotImplementedError

@@ -293,10 +293,6 @@ class DaskEngines(EngineKind):
             for addr, w in workers.items()
         }
 
-    def share(self, client, data):
-        # once to one worker; the others fetch it from a peer when their first batch needs it
-        return client.scatter(data, hash=False)
-
     def submit_to(self, client, engine, fn, *args):
         return client.submit(fn, *args, workers=[engine], allow_other_workers=False, pure=False)
 
