@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import pickle
 import time
 from collections import deque
 from typing import Any
@@ -234,15 +235,16 @@ class _Driver:
             self.todo.extendleft(reversed(indices))
             return 0
         self.ready.add(engine)
+        results = pickle.loads(out["results"])  # each still pickled: no user type here
         first, last, k = indices[0], indices[-1], len(indices)
         if last - first == k - 1:  # a run: whole slices at once (a million items stay cheap)
-            self.result[first : last + 1] = out["results"]
+            self.result[first : last + 1] = results
             self.seconds[first : last + 1] = out["seconds"]
             self.engine[first : last + 1] = [out["engine"]] * k
             self.node[first : last + 1] = [out["node"]] * k
             self.host[first : last + 1] = [out["host"]] * k
         else:
-            for i, result, seconds in zip(indices, out["results"], out["seconds"]):
+            for i, result, seconds in zip(indices, results, out["seconds"]):
                 self.result[i], self.seconds[i] = result, seconds
                 self.engine[i], self.node[i], self.host[i] = out["engine"], out["node"], out["host"]
         for position, error in out["errors"].items():
@@ -300,8 +302,6 @@ class _Driver:
 
     # -- the table -----------------------------------------------------------------------------
     def table(self):
-        import pickle
-
         results = [None if r is None else pickle.loads(r) for r in self.result]
         df = make_table(
             self.items, results, self.error, self.engine, self.node, self.host, self.seconds
