@@ -27,6 +27,7 @@ USAGE = """\
 %lounge start N --backend ssh {ssh}
 %lounge nodes [--pool P] [--live] [--json] [--inventory lounge.toml]   (the lounge's PCs)
 %lounge sync [--pool P] [--inventory lounge.toml] [--force]   (ship this env to them once)
+%lounge doctor [NODE] [--pool P] [--inventory lounge.toml] [--quick] [--json]   (ready?)
 %lounge runs [CLUSTER]            (each map is a run: its progress, kept after a stop)
 %lounge run NAME [--cluster C] [--csv FILE] [--wait] [--cancel] [--delete]
 %%lounge [NAME]                   (as a cell magic: run the cell on every engine)"""
@@ -151,6 +152,12 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     sync.add_argument("--pool")
     sync.add_argument("--force", action="store_true")  # ship even where it is present
     sync.add_argument("--json", action="store_true")
+    doctor = sub.add_parser("doctor", add_help=False)
+    doctor.add_argument("node", nargs="?")
+    doctor.add_argument("--inventory")
+    doctor.add_argument("--pool")
+    doctor.add_argument("--quick", action="store_true")  # no TensorFlow import on the nodes
+    doctor.add_argument("--json", action="store_true")
     sub.add_parser("runs", add_help=False).add_argument("name", nargs="?")
     run = sub.add_parser("run", add_help=False)
     run.add_argument("run")
@@ -174,7 +181,7 @@ def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
     if not words:
         raise LoungeError(f"Say what to do, e.g. `{prog} start 8`; see `{prog} help`.")
     known = ("start", "scale", "status", "interrupt", "stop", "attach", "list", "nodes", "sync")
-    known += ("runs", "run", "help")
+    known += ("doctor", "runs", "run", "help")
     if words[0] not in known:
         raise LoungeError(f"Unknown command {words[0]!r}: use one of {', '.join(known)}.")
     return build_parser(prog).parse_args(words)

@@ -14,6 +14,7 @@ no path and no secret is in the command; the paths are its arguments, quoted onc
   uses one (agents hold a shared lock on its marker file while they run).
 * ``launch LOCAL_DIR FP``: check the folders, take that shared lock, and become the node
   agent run by that environment's Python (``os.execv``, keeping stdin as it is).
+* ``doctor LOCAL_DIR FP HOST PORT``: what ``lounge doctor`` asks of the node (see doctor).
 """
 
 from __future__ import annotations
@@ -308,11 +309,57 @@ def launch(local_dir: str, fp: str) -> None:
     os.execv(python, [python, "-m", "jupyter_lounge.node", "--stdio"])
 
 
+def doctor(local_dir: str, fp: str, host: str, port: str) -> dict:
+    """What ``lounge doctor`` asks of a node, with its base Python and no environment: the
+    OS (and whether it is WSL), this Python, the environment, the free disk, the GPUs
+    nvidia-smi sees, and whether the hub's address answers from here."""
+    import platform
+    import shutil
+    import socket
+    import subprocess
+
+    wsl = os.environ.get("WSL_DISTRO_NAME", "")  # what WSL sets in every process it starts
+    try:
+        with open("/proc/version") as f:
+            wsl = wsl or ("WSL" if "microsoft" in f.read().lower() else "")
+    except OSError:
+        pass
+    folder = os.path.expanduser(local_dir)
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    smi = shutil.which("nvidia-smi") or shutil.which("/usr/lib/wsl/lib/nvidia-smi")
+    gpus, smi_error = [], "" if smi else "no nvidia-smi on this node"
+    if smi:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+            gpus = [ln.strip() for ln in out.stdout.splitlines() if ln.startswith("GPU ")]
+            smi_error = "" if out.returncode == 0 else (out.stderr or out.stdout).strip()[-200:]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            smi_error = str(e)
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            hub = ""
+    except OSError as e:
+        hub = str(e)
+    return {
+        "os": platform.platform(),
+        "wsl": wsl,
+        "python": platform.python_version(),
+        "env": check(local_dir, fp),
+        "free_mib": shutil.disk_usage(folder).free // 2**20,
+        "gpus": gpus,
+        "nvidia_smi_error": smi_error,
+        "hub_error": hub,
+    }
+
+
 def main(argv: list[str]) -> None:
     action, args = argv[0], argv[1:]
     try:
         if action == "check":
             print(json.dumps(check(*args)), flush=True)
+        elif action == "doctor":
+            print(json.dumps(doctor(*args)), flush=True)
         elif action == "receive":
             print(json.dumps(receive(args[0], args[1], int(args[2]))), flush=True)
         elif action == "launch":

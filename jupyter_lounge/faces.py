@@ -139,6 +139,20 @@ def _attach(args: argparse.Namespace, face: Face):
     return f"{cluster.name}: {describe(cluster)}" if face.shell else cluster
 
 
+def _doctor(args: argparse.Namespace, face: Face) -> str:
+    from ._loop import run_sync
+    from .doctor import COLUMNS, diagnose
+
+    backend = _ssh_backend(args.inventory, args.pool)  # an unknown pool is an error
+    if args.node:
+        if args.node not in backend.nodes:
+            known = ", ".join(backend.nodes)
+            raise LoungeError(f"No lounge node {args.node!r} in {backend.inv.path} ({known}).")
+        backend.nodes = {args.node: backend.nodes[args.node]}
+    rows = run_sync(diagnose(backend, tensorflow=not args.quick))
+    return commands.format_rows(rows, COLUMNS, args.json)
+
+
 def _runs(args: argparse.Namespace, face: Face) -> str:
     from . import runstore
 
@@ -242,6 +256,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Face], object]] = {
     "sync": _sync,
     "stop": _stop,
     "attach": _attach,
+    "doctor": _doctor,
     "runs": _runs,
     "run": _run,
 }

@@ -24,6 +24,14 @@ Default ``~/.config/jupyter_lounge/lounge.toml`` (or ``$JUPYTER_LOUNGE_INVENTORY
     gpus = 1
     pools = ["gpu", "nlp"]
 
+    [[node]]                   # a Windows gaming PC: the engines run in its WSL2 distro
+    name = "pc07"
+    host = "10.0.0.17"
+    os = "windows"
+    wsl_distro = "Ubuntu-22.04"
+    python = "/usr/bin/python3"              # inside the distro
+    local_dir = "/home/ana/.cache/jupyter_lounge"   # inside the distro, absolute
+
 Every mistake is one LoungeError sentence naming the file, the line or key, and what is
 expected.
 """
@@ -44,6 +52,10 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 HOST_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:%-]*\Z")
 #: A login name on a node (POSIX portable names, and '$' for machine accounts).
 USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\$?\Z")
+#: A word of a Windows node's remote command: nothing cmd.exe or PowerShell would interpret
+#: (no quote, space, $ % ^ & | < > ( ) { } ; , ` @ ! or ~), so it means the same to both.
+WINDOWS_WORD_RE = re.compile(r"^[A-Za-z0-9_./-][A-Za-z0-9_./:=+-]*\Z")
+OS_NAMES = ("linux", "windows")
 
 
 @dataclass(frozen=True)
@@ -59,7 +71,13 @@ class Node:
     gpus: int = 0
     engines: int = 4
     pools: tuple[str, ...] = ()
+    os: str = "linux"  # "windows": a gaming PC whose engines run in WSL2 (``wsl_distro``)
+    wsl_distro: str = ""
     idle: IdlePolicy = field(default_factory=IdlePolicy)
+
+    @property
+    def windows(self) -> bool:
+        return self.os == "windows"
 
 
 NODE_KEYS = {f.name: f.type for f in fields(Node) if f.name not in ("idle",)}
@@ -177,6 +195,7 @@ def _nodes(path: Path, text: str, data: dict) -> list[Node]:
         _check_name(node.name, here, "node name")
         for pool in node.pools:
             _check_name(pool, here, "pool name")
+        _check_windows(node, here)
         if node.name in seen:
             raise LoungeError(
                 f"{here}: node name {node.name!r} is used twice; names must be unique."
@@ -189,6 +208,33 @@ def _nodes(path: Path, text: str, data: dict) -> list[Node]:
             )
         nodes.append(replace(node, idle=node_policy))
     return nodes
+
+
+def _check_windows(node: Node, here: str) -> None:
+    """A Windows PC is reached as ``wsl.exe -d DISTRO --exec PYTHON ...``: no shell of its own
+    expands ``~`` or reads quotes there, so every word must stand as it is."""
+    if not node.windows:
+        if node.wsl_distro:
+            raise LoungeError(f"{here}: 'wsl_distro' is for os = \"windows\" nodes only.")
+        return
+    if not node.wsl_distro:
+        raise LoungeError(
+            f'{here}: os = "windows" needs wsl_distro, the WSL2 distro its engines run in, as '
+            '`wsl -l -q` lists it, e.g. wsl_distro = "Ubuntu-22.04".'
+        )
+    for key in ("wsl_distro", "python", "local_dir"):
+        value = getattr(node, key)
+        plain = WINDOWS_WORD_RE.match(value) and not value.startswith("-")
+        if not plain or (key == "local_dir" and value[0] != "/"):
+            raise LoungeError(
+                f"{here}: {key!r} {value!r} cannot be a word of a Windows PC's command line: "
+                + (
+                    "use an absolute path inside the distro, e.g. local_dir = "
+                    '"/home/ana/.cache/jupyter_lounge" (wsl.exe --exec runs no shell to expand ~).'
+                    if key == "local_dir"
+                    else "use letters, digits and . _ / - only."
+                )
+            )
 
 
 def _value(key: str, value, here: str):
@@ -208,6 +254,8 @@ def _value(key: str, value, here: str):
                 f'{here}: \'pools\' must be a list of names, e.g. ["gpu", "nlp"], not {value!r}.'
             )
         return tuple(value)
+    if key == "os" and value not in OS_NAMES:
+        raise LoungeError(f"{here}: 'os' must be one of {', '.join(OS_NAMES)}, not {value!r}.")
     if not isinstance(value, str) or (key in ("name", "host") and not value.strip()):
         raise LoungeError(f"{here}: {key!r} must be a non-empty string, not {value!r}.")
     return _checked(key, value, here)
@@ -251,6 +299,16 @@ def _idle(base: IdlePolicy, table: dict, where: _Where, label: str) -> IdlePolic
                 f"{where.key(key)} in {label}: unknown key {key!r}; expected one "
                 f"of {', '.join(sorted(IDLE_KEYS))}."
             )
+        if key == "games":
+            if not isinstance(value, list) or not all(
+                isinstance(g, str) and g.strip() and g.isprintable() for g in value
+            ):
+                raise LoungeError(
+                    f"{where.key(key)} in {label}: 'games' must be a list of program names as "
+                    f'Windows\' tasklist shows them, e.g. ["cs2.exe", "dota2.exe"], not {value!r}.'
+                )
+            table = {**table, "games": tuple(value)}
+            continue
         ok = (
             isinstance(value, str)
             if key == "probe"

@@ -460,7 +460,7 @@ class NodeAgent:
     def _start_watching(self) -> None:
         from .telemetry import Courtesy, IdlePolicy, Telemetry
 
-        self.watcher = Telemetry(os.getpid())
+        self.watcher = Telemetry(os.getpid(), presence=self.spec.presence)
         policy = self.spec.courtesy
         if policy is not None:  # only then does the first look decide whether to fork
             self.courtesy = Courtesy(IdlePolicy(**policy), time.monotonic())

@@ -33,11 +33,20 @@ async def call(cmd: Sequence[str], *, timeout: float = 30, input: bytes | None =
         await proc.wait()
         raise LoungeTimeout(f"`{shlex.join(cmd)}` did not finish within {timeout:g} s.") from None
     if proc.returncode != 0:
+        said = output_text(err).strip() or output_text(out).strip()  # wsl.exe says it on stdout
         raise LoungeError(
-            f"`{shlex.join(cmd)}` failed with exit code {proc.returncode}: "
-            f"{err.decode(errors='replace').strip() or '(no stderr)'}"
+            f"`{shlex.join(cmd)}` failed with exit code {proc.returncode}: {said or '(no output)'}"
         )
     return out.decode(errors="replace")
+
+
+def output_text(data: bytes) -> str:
+    """Output as text; Windows' wsl.exe writes UTF-16LE (a NUL after every ASCII letter)."""
+    if data.count(0) > len(data) // 4:
+        if data[:1] == b"\x00":  # a line cut after "\n", before its NUL
+            data = data[1:]
+        return data.decode("utf-16-le", errors="replace")
+    return data.decode(errors="replace")
 
 
 def run(cmd: Sequence[str], *, timeout: float = 30) -> str:

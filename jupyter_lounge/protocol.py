@@ -108,6 +108,7 @@ class Spec(_Message):
     courtesy: dict | None = None  # the idle policy (telemetry.IdlePolicy) to follow, if any
     engine_options: dict = field(default_factory=dict)  # the engine kind's own
     local_dir: str | None = None  # ssh: the node-local folder the agent keeps its files in
+    presence: str = "linux"  # "windows": who uses the PC is seen from Windows (windows.py)
     version: int = VERSION
 
 

@@ -172,10 +172,16 @@ async def ask_lounge(backend, timeout: float = 20.0) -> list[dict]:
     import shlex
 
     from .procs import call
+    from .sync import wsl_command
 
     async def one(node) -> dict:
-        remote = shlex.join([node.python, "-m", "jupyter_lounge.telemetry"])
         try:
+            if node.windows:  # presence is asked of Windows, from the PC's WSL2 distro
+                remote = wsl_command(
+                    node, node.python, "-m", "jupyter_lounge.telemetry", "--windows"
+                )
+            else:
+                remote = shlex.join([node.python, "-m", "jupyter_lounge.telemetry"])
             out = await call([*backend.ssh_command(node.name), remote], timeout=timeout)
             sample = json.loads(out.strip().splitlines()[-1])
         except (LoungeError, ValueError, IndexError) as e:

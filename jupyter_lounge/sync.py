@@ -179,14 +179,17 @@ class _FanOut:
         self.failed: dict[str, str] = {}
 
     def send(self, data: bytes) -> None:
-        for name, proc in list(self.procs.items()):
-            try:
-                proc.stdin.write(data)
-            except (BrokenPipeError, OSError) as e:
-                self.failed[name] = f"the SSH session ended while shipping ({e})"
-                del self.procs[name]
+        for name in list(self.procs):
+            self.send_to(name, data)
         if not self.procs:
             raise LoungeError("every node's SSH session ended while the environment was shipped")
+
+    def send_to(self, name: str, data: bytes) -> None:
+        try:
+            self.procs[name].stdin.write(data)
+        except (BrokenPipeError, OSError) as e:
+            self.failed[name] = f"the SSH session ended while shipping ({e})"
+            del self.procs[name]
 
     def write(self, data: bytes) -> int:
         self.send(envstore.frame(b"D", bytes(data)))
@@ -196,13 +199,37 @@ class _FanOut:
         pass
 
 
-def _node_command(ssh_command, node, action: str, *args: str) -> list[str]:
-    """ssh to ``node`` (``ssh_command(name)``: the ssh backend's), running the node program
-    (envstore) with the base Python."""
-    return [
-        *ssh_command(node.name),
-        shlex.join(envstore.command(base_python(), action, *args)),
-    ]
+def wsl_command(node, *argv: str) -> str:
+    """A Windows PC's remote command: ``wsl.exe -d DISTRO --exec ARGV``, words that cmd.exe
+    and PowerShell both pass on as they are (no shell runs in between on either side)."""
+    from .inventory import WINDOWS_WORD_RE
+
+    words = ["wsl.exe", "-d", node.wsl_distro, "--exec", *argv]
+    bad = [w for w in words if not WINDOWS_WORD_RE.match(w)]
+    if bad:
+        raise LoungeError(
+            f"Lounge node {node.name!r} is a Windows PC, and {bad[0]!r} cannot be a word of "
+            "its command line: use letters, digits and . _ / - only."
+        )
+    return " ".join(words)
+
+
+def node_program(node, action: str, *args: str) -> tuple[str, bytes]:
+    """The remote command that runs the node program (envstore) with the base Python, and
+    what goes first on its stdin. On a Windows PC the command is WSL's bash reading its one
+    line from stdin (``bash -s``: it reads no further than that line, so the program and
+    the stream after it reach Python): the command line stays free of any shell syntax."""
+    argv = envstore.command(base_python(), action, *args)
+    if getattr(node, "windows", False):
+        return wsl_command(node, "/bin/bash", "-s"), (shlex.join(argv) + "\n").encode()
+    return shlex.join(argv), b""
+
+
+def _node_command(ssh_command, node, action: str, *args: str) -> tuple[list[str], bytes]:
+    """ssh to ``node`` (``ssh_command(name)``: the ssh backend's), running the node program;
+    and what goes first on stdin."""
+    remote, first = node_program(node, action, *args)
+    return [*ssh_command(node.name), remote], first
 
 
 def _said(error: str) -> str:
@@ -219,9 +246,9 @@ async def sync(nodes: list, ssh_command, force: bool = False) -> list[dict]:
     by_name = {node.name: node for node in nodes}
 
     async def check(node) -> tuple[str, str]:
-        cmd = _node_command(ssh_command, node, "check", node.local_dir, fp)
+        cmd, first = _node_command(ssh_command, node, "check", node.local_dir, fp)
         try:
-            out = await call(cmd, timeout=30, input=envstore.program())
+            out = await call(cmd, timeout=30, input=first + envstore.program())
         except LoungeError as e:
             if "exit code 127" in str(e):  # the shell found no such python
                 return "nobase", ""
@@ -289,27 +316,30 @@ def remembered(nodes: list) -> dict[str, str]:
     return {node.name: fp for node in nodes if memory.get(_key(node)) == fp}
 
 
-def launch_command(node, fp: str) -> str:
-    """The remote command that starts a node's agent from its synced environment: the node
-    program checks the folders are the user's alone, then becomes that env's agent (the relay
-    sends the program first, see ``--program``)."""
-    return shlex.join(envstore.command(base_python(), "launch", node.local_dir, fp))
+def launch_command(node, fp: str) -> tuple[str, bytes]:
+    """The remote command that starts a node's agent from its synced environment, and what
+    goes first on stdin: the node program checks the folders are the user's alone, then
+    becomes that env's agent (the relay sends the program next, see ``--program``)."""
+    return node_program(node, "launch", node.local_dir, fp)
 
 
 def _ship(ssh_command, nodes, fp: str, write=write_tar, keep: int = KEEP) -> dict:
     """Send what ``write(out, tree)`` writes to every node at once, as environment ``fp``;
     node -> (status, MiB)."""
-    procs = {}
+    procs, firsts = {}, {}
     for node in nodes:
+        cmd, firsts[node.name] = _node_command(
+            ssh_command, node, "receive", node.local_dir, fp, str(keep)
+        )
         procs[node.name] = subprocess.Popen(
-            _node_command(ssh_command, node, "receive", node.local_dir, fp, str(keep)),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
     fan = _FanOut(procs)
     tree, error = envstore.TreeHash(), ""
     try:
+        for name, first in firsts.items():  # each node's own line first (Windows PCs)
+            if first:
+                fan.send_to(name, first)
         fan.send(envstore.program())
         write(fan, tree)
         trailer = {"tree": tree.hexdigest(), "files": tree.files, "bytes": tree.bytes}

@@ -23,6 +23,8 @@ class IdlePolicy:
     for_seconds: float = 30.0
     idle_after_seconds: float = 300.0
     probe: str = ""  # a command whose exit code 0 means "in use"
+    games: tuple[str, ...] | None = None  # Windows PCs: programs that mean a person plays
+    # (image names as tasklist shows them; None: windows.DEFAULT_GAMES)
 
 
 IDLE_KEYS = {f.name for f in fields(IdlePolicy)}
@@ -32,12 +34,15 @@ class Telemetry:
     """Samples this machine; keeps psutil handles so per-process CPU is measured between
     samples (the first sample of a process reads 0)."""
 
-    def __init__(self, own_pid: int | None = None, roots=None):
+    def __init__(self, own_pid: int | None = None, roots=None, presence: str = "linux"):
         """``roots``: a callable giving more pids whose process trees are ours too (the
-        Jupyter server passes the controllers and agents of this machine's clusters)."""
+        Jupyter server passes the controllers and agents of this machine's clusters);
+        ``presence`` "windows": this is a Windows PC's WSL2 distro, where the people, games and
+        GPU use that matter are seen from the Windows side (windows.py)."""
         import psutil
 
         self.psutil = psutil
+        self.presence = presence
         self.own_pid = own_pid or os.getpid()
         self.roots = roots
         self._procs: dict[int, object] = {}
@@ -81,7 +86,24 @@ class Telemetry:
             "users": sorted({u.name for u in psutil.users()}),
             "foreign_cpu_percent": round(self.foreign_cpu_percent(), 1),
             "gpus": gpu_sample(),
-        }
+        } | (windows_presence() if self.presence == "windows" else {})
+
+
+def windows_presence() -> dict:
+    """What a Windows PC's own programs say, seen from its WSL2 distro: the people at it
+    (``users``), the programs in their sessions (``windows_apps``), its GPUs with the use of
+    programs that are not WSL's (``gpus``: ours run inside WSL's VM) and what could not be
+    asked (``windows_problems``)."""
+    from . import windows
+
+    seen = windows.sample(games=())  # the games are the idle policy's: see ``playing``
+    return {
+        "users": seen["users"],
+        "console_idle_seconds": seen["console_idle_seconds"],
+        "windows_apps": seen["apps"],
+        "gpus": seen["gpus"],  # a GPU's use counts only while a program not ours holds it
+        "windows_problems": seen["problems"],
+    }
 
 
 def gpu_sample() -> list[dict]:
@@ -129,8 +151,11 @@ class Courtesy:
         busy = sample.get("foreign_cpu_percent", 0) > p.cpu_percent or gpu > p.gpu_percent
         self._busy_since = (self._busy_since or now) if busy else None
         reason = ""
+        games = playing(sample.get("windows_apps", ()), p.games)
         if sample.get("users"):
             reason = f"{', '.join(sample['users'])} logged in"
+        elif games:
+            reason = f"{', '.join(games)} running"
         elif probe_in_use:
             reason = "the idle probe says in use"
         elif self._busy_since is not None and now - self._busy_since >= p.for_seconds:
@@ -144,6 +169,18 @@ class Courtesy:
             if now - self._quiet_since >= p.idle_after_seconds:
                 self.state, self.reason = "idle", ""
         return self.state
+
+
+def playing(apps, games) -> list[str]:
+    """The programs among ``apps`` (a Windows PC's, in its users' sessions) that mean a
+    person plays: those in ``games`` (None: windows.DEFAULT_GAMES), as the PC names them."""
+    if not apps:
+        return []
+    from .windows import DEFAULT_GAMES, running_games
+
+    return running_games(
+        [{"image": a, "session": 1} for a in apps], DEFAULT_GAMES if games is None else games
+    )
 
 
 def snapshot(policy: IdlePolicy, sample: dict) -> tuple[str, str]:
@@ -164,11 +201,14 @@ def probe_in_use(command: str) -> bool:
 
 
 def main() -> None:
-    """``python -m jupyter_lounge.telemetry``: one sample of this machine as a JSON line
-    (two looks a second apart, so the CPU of other processes is measured)."""
+    """``python -m jupyter_lounge.telemetry [--windows]``: one sample of this machine as a
+    JSON line (two looks a second apart, so the CPU of other processes is measured);
+    ``--windows``: a Windows PC's WSL2 distro, its presence seen from Windows."""
     import json
+    import sys
 
-    tel = Telemetry(own_pid=os.getpid())
+    presence = "windows" if sys.argv[1:] == ["--windows"] else "linux"
+    tel = Telemetry(own_pid=os.getpid(), presence=presence)
     tel.sample()
     time.sleep(1.0)
     print(json.dumps(tel.sample()), flush=True)

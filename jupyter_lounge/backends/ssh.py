@@ -93,8 +93,12 @@ class SSHBackend(Configurable, Backend):
         return [n.name for n in self.inv.select(pool)]  # an unknown pool: its sentence
 
     def spec_for(self, node: str | None) -> dict:
-        """The node-local folder its agent keeps its files in (see ssh_relay.py)."""
-        return {"local_dir": self.nodes[node].local_dir} if node in self.nodes else {}
+        """The node-local folder its agent keeps its files in (see ssh_relay.py); on a
+        Windows PC, that presence is seen from the Windows side (see windows.py)."""
+        if node not in self.nodes:
+            return {}
+        found = self.nodes[node]
+        return {"local_dir": found.local_dir, "presence": found.os}
 
     def courtesy_for(self, node: str | None) -> dict | None:
         """Lounge PCs belong to people first: their inventory idle policy always applies."""
@@ -187,8 +191,11 @@ class SSHBackend(Configurable, Backend):
             if node.name in synced:
                 # the node program checks the env's folders, then becomes its agent
                 python = sync.env_dir(node.local_dir, synced[node.name]) + "/bin/python"
-                remote = sync.launch_command(node, synced[node.name])
-                relay.append("--program")
+                remote, first = sync.launch_command(node, synced[node.name])
+                relay += ["--program"] + (["--first", first.decode()] if first else [])
+            elif node.windows:  # the agent in the PC's WSL2 distro: no shell on either side
+                python = node.python
+                remote = sync.wsl_command(node, python, "-m", "jupyter_lounge.node", "--stdio")
             else:
                 python = node.python
                 remote = f"exec {remote_path(python)} -m jupyter_lounge.node --stdio"

@@ -1,9 +1,10 @@
 """The local half of the ssh backend: one relay per node agent reached over SSH.
 
-``python -m jupyter_lounge.backends.ssh_relay SPEC.json [--program] -- ssh ... -- node COMMAND``
+``python -m jupyter_lounge.backends.ssh_relay SPEC [--program [--first LINE]] -- ssh ... -- CMD``
 
 (``--program``: the command is envstore's bootstrap, which first reads the node program from
-the session's stdin, then starts the agent of a synced environment.)
+the session's stdin, then starts the agent of a synced environment; ``--first``: a line to
+send before it, the one WSL's bash runs on a Windows PC.)
 
 The relay runs here, beside the controller, in the agent's place: the cluster reads and writes
 the same spec, control and report files as for any other agent, and the relay carries them
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 from .. import protocol
+from ..procs import output_text
 from ..protocol import Control, ProtocolError, Report, read_json
 
 POLL_S = 0.2
@@ -39,17 +41,19 @@ STOP_GRACE_S = 8.0
 
 
 class Relay:
-    def __init__(self, spec_path: str, ssh: list[str], program: bool = False):
+    def __init__(self, spec_path: str, ssh: list[str], program: bool = False, first: str = ""):
         self.spec = protocol.read_spec(spec_path)
         if self.spec is None:
             raise SystemExit(f"relay: cannot read spec file {spec_path}")
         self.ssh = ssh
         self.program = program  # the node program (envstore) goes first: it starts the agent
+        self.first = first.encode()  # before it, the line WSL's bash runs (Windows PCs)
         self.files_sent = False
         self.control_mtime = 0.0
         self.hup = False
         self.term_at: float | None = None
         self.stop_sent = False
+        self.reported = False  # an agent's report came: its lines are the protocol now
 
     def send(self, kind: str, payload) -> None:
         try:
@@ -92,7 +96,7 @@ class Relay:
             from ..envstore import program
 
             try:
-                self.proc.stdin.write(program())
+                self.proc.stdin.write(self.first + program())
             except (BrokenPipeError, OSError):
                 pass  # the session ended; the loop sees it on stdout
         self.send("spec", self.spec)
@@ -125,7 +129,14 @@ class Relay:
                     if kind != "report":
                         continue
                     protocol.write_report(self.spec.report_file, Report.from_dict(payload))
-                except ProtocolError as e:  # an agent of another version: the cluster says so
+                    self.reported = True
+                except ProtocolError as e:
+                    if not self.reported:  # the node's own words before any agent ran (a
+                        # Windows PC's wsl.exe: "There is no distribution ..."): to the log,
+                        # which the cluster quotes when the session ends
+                        print(f"node: {output_text(line).strip()}", file=sys.stderr, flush=True)
+                        continue
+                    # an agent of another version: the cluster says so
                     failed = Report(status="failed", error=f"The node agent sent {e}.")
                     protocol.write_report(self.spec.report_file, failed)
                 except OSError:  # a full disk: the next report may get through
@@ -141,11 +152,16 @@ def main(argv: list[str] | None = None) -> None:
     program = len(argv) > 1 and argv[1] == "--program"
     if program:
         del argv[1]
+    first = ""
+    if program and len(argv) > 2 and argv[1] == "--first":
+        first = argv[2]
+        del argv[1:3]
     if len(argv) < 3 or argv[1] != "--":
         raise SystemExit(
-            "usage: python -m jupyter_lounge.backends.ssh_relay SPEC.json [--program] -- SSH ..."
+            "usage: python -m jupyter_lounge.backends.ssh_relay SPEC.json "
+            "[--program [--first LINE]] -- SSH ..."
         )
-    sys.exit(Relay(argv[0], argv[2:], program).run())
+    sys.exit(Relay(argv[0], argv[2:], program, first).run())
 
 
 if __name__ == "__main__":
