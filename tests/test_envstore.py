@@ -145,9 +145,9 @@ def test_launch_checks_the_environment_before_running_it(here, tmp_path):
     env = tmp_path / "local" / "envs" / FP
 
     def launch() -> subprocess.CompletedProcess:
-        cmd = sync.launch_command(here.nodes["here"], FP)
+        cmd, first = sync.launch_command(here.nodes["here"], FP)
         return subprocess.run(
-            ["bash", "-c", cmd], input=envstore.program() + b'{"spec": {}}\n',
+            ["bash", "-c", cmd], input=first + envstore.program() + b'{"spec": {}}\n',
             capture_output=True, timeout=30,
         )  # fmt: skip
 
