@@ -712,10 +712,7 @@ class Cluster:
     def runs(self) -> list[dict]:
         """Each run of this cluster: name, status, done, total, errors, started, ... (a run
         whose driver is gone restarts it, so listing also resumes)."""
-        found = runstore.runs(self.name)
-        if any(r["status"] in ("stalled", "submitted") for r in found):
-            runner.ensure(self.name)
-        return found
+        return runner.runs(self.name)
 
     def run(self, name: str) -> runstore.Run:
         """The run called ``name``: ``.result()``, ``.wait()``, ``.cancel()``, ``.delete()``."""

@@ -228,8 +228,10 @@ def ran(where: dict) -> str | None:
 def cancel_run(run) -> str:
     """Cancel a run unless it has ended; what was done, in one sentence (the faces' and the
     REST API's)."""
+    from .runstore import UNDER_WAY
+
     status = run.summary()["status"]
-    if status not in ("submitted", "running", "stalled"):
+    if status not in UNDER_WAY:
         return (
             f"Run {run.name!r} of {run.cluster!r} is already {status}: there is nothing to cancel."
         )

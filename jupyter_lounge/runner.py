@@ -20,6 +20,8 @@ import time
 import traceback
 from pathlib import Path
 
+from .runstore import FLUSH_S
+
 LOOK_S = 0.2  # how often the runs folder is read for new runs and cancels
 STATE_S = 1.0  # how often the cluster's state is read (scaled? stopped?)
 PIDFILE = "driver.json"
@@ -40,6 +42,17 @@ def alive(cluster: str) -> bool:
 
     pid = _pid(cluster)
     return bool(pid) and ours(pid[0], pid[1])
+
+
+def runs(cluster: str) -> list[dict]:
+    """The cluster's runs (runstore.runs); one that waits for a driver gets it started, so
+    listing the runs also resumes them."""
+    from . import runstore
+
+    found = runstore.runs(cluster)
+    if any(r["status"] in runstore.NEEDS_DRIVER for r in found):
+        ensure(cluster)
+    return found
 
 
 def ensure(cluster: str) -> None:
@@ -215,7 +228,7 @@ class Runner:
         for name, a in list(self.active.items()):
             try:
                 a.driver.collect()
-                if a.driver.fresh and (not a.driver.left or now - a.flushed >= _flush_s()):
+                if a.driver.fresh and (not a.driver.left or now - a.flushed >= FLUSH_S):
                     self._flush(a)
                 if not a.driver.left:
                     a.store.finish("done")
@@ -237,12 +250,6 @@ class Runner:
                 self.looked = now
                 self._look()
             self.step()
-
-
-def _flush_s() -> float:
-    from .runstore import FLUSH_S
-
-    return FLUSH_S
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -34,7 +34,9 @@ from .errors import LoungeError, LoungeTimeout, NoSuchRun
 from .paths import lounge_dir
 from .state import NAME_RE, check_name, load_state
 
-ACTIVE = ("submitted", "running")
+ACTIVE = ("submitted", "running")  # as stored: a driver has it, or will
+UNDER_WAY = ACTIVE + ("stalled",)  # as read: not ended (a stalled one waits for its driver)
+NEEDS_DRIVER = ("submitted", "stalled")  # as read: no driver has it now
 FLUSH_S = 0.2  # a finished row is committed at most this long after the driver got it
 FOLLOW_S = 0.2  # how often a follower reads the store
 BUSY_MS = 10_000  # a writer waits this long for another one (SQLite's busy timeout)
@@ -77,12 +79,7 @@ def runs_dir(cluster: str, make: bool = True) -> Path:
 
 
 def check_run_name(name: str) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise LoungeError(
-            f"Run name {name!r} is not valid: use 1-64 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit."
-        )
-    return name
+    return check_name(name, "Run")
 
 
 def store_path(cluster: str, name: str) -> Path:
@@ -185,6 +182,12 @@ def _json(value) -> str | None:
     return None if value is None else json.dumps(value)
 
 
+def _meta(db: sqlite3.Connection) -> dict:
+    """The run's one row of ``run``, by column."""
+    cur = db.execute("SELECT * FROM run WHERE id = 1")
+    return dict(zip([c[0] for c in cur.description], cur.fetchone()))
+
+
 class Store:
     """One run's SQLite file, as the driver writes it."""
 
@@ -196,9 +199,7 @@ class Store:
         self.db.close()
 
     def meta(self) -> dict:
-        cur = self.db.execute("SELECT * FROM run WHERE id = 1")
-        row = cur.fetchone()
-        return dict(zip([c[0] for c in cur.description], row))
+        return _meta(self.db)
 
     def job(self) -> tuple[bytes, bytes]:
         return self.db.execute("SELECT function, items FROM job WHERE id = 1").fetchone()
@@ -292,8 +293,7 @@ class Run:
     def _meta(self) -> dict:
         db = _connect(self.path)
         try:
-            cur = db.execute("SELECT * FROM run WHERE id = 1")
-            return dict(zip([c[0] for c in cur.description], cur.fetchone()))
+            return _meta(db)
         finally:
             db.close()
 
@@ -337,8 +337,7 @@ class Run:
         db = _connect(self.path)
         try:
             db.execute("BEGIN")  # one snapshot: the rows and the count agree
-            meta_cur = db.execute("SELECT * FROM run WHERE id = 1")
-            meta = dict(zip([c[0] for c in meta_cur.description], meta_cur.fetchone()))
+            meta = _meta(db)
             items = cloudpickle.loads(db.execute("SELECT items FROM job").fetchone()[0])
             rows = db.execute("SELECT * FROM rows ORDER BY idx").fetchall()
             db.execute("COMMIT")
@@ -398,9 +397,9 @@ class Run:
                 if bar is not None and s["done"] > shown:
                     bar.update(s["done"] - shown)
                     shown = s["done"]
-                if s["status"] not in ACTIVE + ("stalled",):
+                if s["status"] not in UNDER_WAY:
                     break
-                if s["status"] in ("stalled", "submitted") and time.monotonic() - looked > 1:
+                if s["status"] in NEEDS_DRIVER and time.monotonic() - looked > 1:
                     looked = time.monotonic()
                     runner.ensure(self.cluster)
                 if deadline is not None and time.monotonic() > deadline:
@@ -431,7 +430,7 @@ class Run:
             status = db.execute("SELECT status FROM run WHERE id = 1").fetchone()[0]
             db.execute("UPDATE run SET cancel = 1 WHERE id = 1")
             if status == "submitted" or (
-                status == "running" and not _driver_alive(self._meta_in(db))
+                status == "running" and not _driver_alive(_meta(db))
             ):  # no driver will see the flag: cancel it here
                 db.execute(
                     "UPDATE run SET status = 'cancelled', finished = ? WHERE id = 1",
@@ -441,14 +440,9 @@ class Run:
         finally:
             db.close()
 
-    @staticmethod
-    def _meta_in(db) -> dict:
-        cur = db.execute("SELECT * FROM run WHERE id = 1")
-        return dict(zip([c[0] for c in cur.description], cur.fetchone()))
-
     def delete(self) -> None:
         """Remove the run and its rows (not while it is running: cancel it first)."""
-        if self.summary()["status"] in ACTIVE + ("stalled",):
+        if self.summary()["status"] in UNDER_WAY:
             raise LoungeError(
                 f"Run {self.name!r} is still running: cancel it first "
                 f"(run({self.name!r}, cluster={self.cluster!r}).cancel())."
@@ -500,7 +494,7 @@ def runs(cluster: str | None = None) -> list[dict]:
 
 def active(cluster: str) -> list[str]:
     """Names of the cluster's runs not yet ended (what a stop would cut short)."""
-    return [s["name"] for s in runs(cluster) if s["status"] in ACTIVE + ("stalled",)]
+    return [s["name"] for s in runs(cluster) if s["status"] in UNDER_WAY]
 
 
 def fail_unfinished(cluster: str, why: str) -> None:

@@ -25,10 +25,11 @@ class CorruptState(LoungeError):
     """A state file that cannot be read or parsed; ``lounge stop NAME --forget`` removes it."""
 
 
-def check_name(name: str) -> str:
+def check_name(name: str, what: str = "Cluster") -> str:
+    """``name`` if it is a valid cluster (or, ``what``, run) name, else the sentence why."""
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise LoungeError(
-            f"Cluster name {name!r} is not valid: use 1-64 letters, digits, '.', '_' or '-', "
+            f"{what} name {name!r} is not valid: use 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit."
         )
     return name

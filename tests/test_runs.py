@@ -32,6 +32,12 @@ def done(name: str, cluster: str = "runs") -> int:
     return run(name, cluster=cluster).summary()["done"]
 
 
+def wait_for_rows(name: str, n: int, cluster: str = "runs", timeout: float = 60) -> None:
+    """Until the run exists and has ``n`` rows stored."""
+    path = runstore.store_path(cluster, name)
+    wait_until(lambda: path.exists() and done(name, cluster) >= n, timeout, f"{n} rows of {name}")
+
+
 def mapping_in_a_thread(cluster, *args, **kwargs) -> dict:
     """cluster.map in a thread (this one goes on to hurt it); what it gave or raised."""
     out: dict = {}
@@ -67,13 +73,7 @@ def test_a_run_outlives_the_kernel_that_started_it(lounge_dir):
         reply = kc.execute_interactive(KERNEL_CODE, timeout=240)
         assert reply["content"]["status"] == "ok", reply["content"]
         kc.execute("df = jupyter_lounge.current().map(train, range(60), name='sweep')")
-        wait_until(
-            lambda: (
-                runstore.store_path("sweepy", "sweep").exists() and done("sweep", "sweepy") >= 4
-            ),
-            120,
-            "the sweep's first rows",
-        )
+        wait_for_rows("sweep", 4, "sweepy", timeout=120)
         os.kill(km.provisioner.process.pid, signal.SIGKILL)
         killed_at = done("sweep", "sweepy")
         assert killed_at < 60
@@ -96,8 +96,7 @@ def test_cancel_stops_the_run_and_keeps_its_rows(cluster):
         return v
 
     out = mapping_in_a_thread(cluster, slow, range(100), name="long")
-    wait_until(lambda: runstore.store_path("runs", "long").exists() and done("long") >= 2, 60,
-               "the first rows")  # fmt: skip
+    wait_for_rows("long", 2)
     cluster.run("long").cancel()
     out["thread"].join(30)
     assert not out["thread"].is_alive()
@@ -123,8 +122,7 @@ def test_a_killed_run_driver_is_restarted_and_resumes_with_no_row_twice(cluster,
 
     first = runner._pid("runs")
     out = mapping_in_a_thread(cluster, stamp, range(200), name="resumed")
-    wait_until(lambda: runstore.store_path("runs", "resumed").exists() and done("resumed") >= 20,
-               60, "the first rows")  # fmt: skip
+    wait_for_rows("resumed", 20)
     os.kill(first[0], signal.SIGKILL)
     killed, before = time.time(), done("resumed")
     out["thread"].join(120)  # the follower finds the driver gone and starts another
@@ -217,8 +215,7 @@ def test_interrupting_the_engines_mid_map_ends_only_the_items_running_then(clust
         return v
 
     out = mapping_in_a_thread(cluster, slow, range(16), name="poked")
-    wait_until(lambda: runstore.store_path("runs", "poked").exists() and done("poked") >= 2, 60,
-               "the first rows")  # fmt: skip
+    wait_for_rows("poked", 2)
     cluster.interrupt_sync()
     out["thread"].join(60)
     df = out["df"]

@@ -145,7 +145,7 @@ class ServerSession:
         """The cluster's runs, oldest first, as ``lounge runs NAME`` lists them (a run whose
         driver is gone gets it started again, so listing resumes it)."""
         self._has_runs_or_state(name)
-        return await asyncio.to_thread(_list_runs, name)
+        return await asyncio.to_thread(runner.runs, name)
 
     async def run(self, name: str, run: str) -> dict:
         """One run's summary."""
@@ -289,15 +289,6 @@ def _observe(clusters: dict[str, Cluster], stale: list[Cluster]) -> dict[str, tu
                 break
         seen[name] = (ready, pending)
     return seen
-
-
-def _list_runs(name: str) -> list[dict]:
-    """(blocking) The cluster's runs; a driver found gone is started again, as
-    ``Cluster.runs`` does (``ensure`` does nothing once the cluster is stopped)."""
-    found = runstore.runs(name)
-    if any(r["status"] in ("stalled", "submitted") for r in found):
-        runner.ensure(name)
-    return found
 
 
 def _cancel_run(name: str, run: str) -> str:
