@@ -469,8 +469,9 @@ class Cluster:
     def nodes_status(self) -> list[dict]:
         """Per node agent: its node, status (and ``why``: a pending job's reason, what made a
         PC in use), engines ready and wanted, the agent's ``pid`` or Slurm ``job``, ``error``,
-        the node's ``cpu``/``mem`` percent, ``gpus`` and ``users``, and ``launch``: seconds per
-        launch phase. Data only: the faces render it."""
+        the node's ``cpu``/``mem`` percent, ``gpus`` and ``users``, the agent's own memory
+        (``agent_mib``), and ``launch``: seconds per launch phase. Data only: the faces render
+        it."""
         ranks = {rank for _, rank in self.registered()}  # ranks are unique in a cluster
         rows = []
         self.absorb_retired()
@@ -499,6 +500,7 @@ class Cluster:
                     "mem": seen.get("memory_percent"),
                     "users": list(seen.get("users", [])),
                     "gpus": list(seen.get("gpus", [])),
+                    "agent_mib": seen.get("agent_mib"),  # small while it rests (in use)
                     "launch": [list(t) for t in report.timings],
                 }
             )

@@ -166,11 +166,31 @@ async def _node(backend, node, hub: _Listener, tensorflow: bool) -> list[dict]:
     if tensorflow:
         try:
             tf = await _ask(backend, node, _python_command(node, python, "-m", __name__), 180)
-            row("tensorflow", bool(tf["gpus"]) or node.gpus == 0,
-                f"TensorFlow {tf['version']} sees {len(tf['gpus'])} GPU(s)")  # fmt: skip
+            row("tensorflow", *_tensorflow_row(tf, node.gpus))
         except (LoungeError, ValueError, IndexError) as e:
             row("tensorflow", None, f"not importable with {python}: {_said(e)}")
     return rows
+
+
+ENGINE_WAIT_S = 120.0
+
+
+def _tensorflow_row(tf: dict, gpus: int) -> tuple[bool, str]:
+    """ok and the detail of the tensorflow row, from what ``main`` said on the node."""
+    where = f"TensorFlow {tf['version']} in a forked engine"
+    if tf.get("fork"):
+        return False, f"{where} cannot be: {tf['fork']} after import tensorflow"
+    if tf.get("error"):
+        return False, f"{where}: {tf['error']}"
+    if not tf.get("op"):
+        return False, f"{where}: a sum on {tf['device']} came out wrong"
+    seen = f"{where} sees {len(tf['gpus'])} GPU(s) and ran an op on {tf['device']}"
+    if not tf["gpus"] and gpus:
+        return False, (
+            f"{seen}, and the inventory says {gpus}: install a TensorFlow built for CUDA "
+            "(pip install tensorflow[and-cuda]) in the environment and sync it"
+        )
+    return True, seen
 
 
 async def diagnose(backend, tensorflow: bool = True) -> list[dict]:
@@ -186,14 +206,51 @@ async def diagnose(backend, tensorflow: bool = True) -> list[dict]:
 
 
 def main() -> None:
-    """``python -m jupyter_lounge.doctor`` on a node: the GPUs TensorFlow sees, as JSON."""
+    """``python -m jupyter_lounge.doctor`` on a node: TensorFlow as an engine has it, as JSON.
+    The module is imported here, as an agent's preload is, and a child forked from this
+    process (as engines are, CUDA_VISIBLE_DEVICES set after the fork) lists the GPUs and runs
+    one op on the first: a preload that breaks forked engines shows here as it would there."""
     import os
+    import select
+
+    from .node import detect_gpus, fork_safety_problem
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
-    gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
-    print(json.dumps({"version": tf.__version__, "gpus": gpus}), flush=True)
+    said = {"version": tf.__version__, "gpus": [], "fork": fork_safety_problem()}
+    if said["fork"]:
+        print(json.dumps(said), flush=True)
+        return
+    gpus = detect_gpus()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the engine
+        os.close(read_fd)
+        try:
+            if gpus:
+                os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
+            said["gpus"] = [d.name for d in tf.config.list_physical_devices("GPU")]
+            said["device"] = "/GPU:0" if said["gpus"] else "/CPU:0"
+            with tf.device(said["device"]):
+                said["op"] = float(tf.reduce_sum(tf.ones((64, 64))).numpy()) == 4096.0
+        except BaseException as e:  # noqa: BLE001 - what broke is the answer
+            said["error"] = f"{type(e).__name__}: {e}"
+        os.write(write_fd, json.dumps(said).encode())
+        os._exit(0)
+    os.close(write_fd)
+    if select.select([read_fd], [], [], ENGINE_WAIT_S)[0]:
+        said = json.loads(os.read(read_fd, 1 << 20) or b"{}") or said | {
+            "error": "the forked engine died before it answered"
+        }
+    else:
+        os.kill(pid, 9)
+        said["error"] = (
+            f"the forked engine did not answer in {ENGINE_WAIT_S:g} s (an op run in the parent "
+            "before the fork hangs its children)"
+        )
+    os.waitpid(pid, 0)
+    print(json.dumps(said), flush=True)
 
 
 if __name__ == "__main__":

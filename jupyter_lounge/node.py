@@ -24,7 +24,7 @@ import time
 import traceback
 
 from .engines import engine_kind
-from .protocol import Control, FileLink, Report, StdioLink, read_json
+from .protocol import Control, FileLink, Report, StdioLink, read_json, write_json
 
 POLL_S = 0.2
 PROBE_EVERY_S = 2.0
@@ -32,6 +32,7 @@ PROBE_MISSES = 3
 STOP_GRACE_S = 5.0
 MAX_RESTARTS = 5  # crashes of one rank before it is left down
 SERVICE_WAIT_S = 30.0
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
 def gpu_for(local_index: int, gpus: list[str], engines_per_gpu: int) -> str | None:
@@ -117,6 +118,15 @@ def _set_parent_death_signal() -> None:
         pass
 
 
+def own_mib() -> int:
+    """This process's resident memory in MiB (Linux)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 2**20
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _reseed(rank: int) -> None:
     """Fork copies numpy's global random state: give every engine its own."""
     seed = int.from_bytes(os.urandom(4), "little") ^ rank
@@ -126,7 +136,8 @@ def _reseed(rank: int) -> None:
 
 
 class NodeAgent:
-    def __init__(self, link: FileLink | StdioLink):
+    def __init__(self, link: FileLink | StdioLink, carried: dict | None = None):
+        """``carried``: the state this agent had before it executed itself anew (``rest``)."""
         self.link = link
         self.spec = s = link.spec()
         self.node = s.node or socket.gethostname().split(".")[0]
@@ -148,12 +159,64 @@ class NodeAgent:
         self.telemetry = None  # the last sample of this machine
         self.courtesy = None  # Courtesy when the spec asks to yield the machine to people
         self.evicted = False  # engines stopped because a person uses this machine
+        self._evicted_at = 0.0
+        self.lean = False  # nothing imported but what watching needs: a person uses the PC
+        self.resumed = carried is not None
+        self._carried_courtesy = None
         self._t0 = time.monotonic()
+        if carried is not None:
+            self._take_over(carried)
 
     def _lap(self, phase: str) -> None:
+        if self.resumed:  # the launch's timings stay what the first start measured
+            return
         now = time.monotonic()
         self.timings.append((phase, round(now - self._t0, 3)))
         self._t0 = now
+
+    # -- resting: the PC gets its memory back while a person uses it -------------------------
+    def rest(self, lean: bool) -> None:
+        """Execute this agent anew, keeping its pid, its link and what it knows: ``lean`` while
+        a person uses the machine (nothing imported but what watching needs, so the preload's
+        and the engine kind's memory goes back to the PC), full again once the machine is idle
+        (the preload is imported anew, then the engines fork)."""
+        self.stop_service()
+        # A stop that comes from here on waits, blocked, for the new agent's handlers (run()
+        # unblocks); one that came before is done here.
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        if self.stopping:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+            self.shutdown()
+        courtesy = self.courtesy
+        carried = {
+            "link": self.link.carry(),
+            "lean": lean,
+            "evicted": lean,
+            "engines": self.engines,
+            "wanted": self.wanted,
+            "size": self.size,
+            "retired": sorted(self.retired),
+            "next_index": self._next_index,
+            "interrupt": self._interrupt,
+            "timings": self.timings,
+            "courtesy": None if courtesy is None else courtesy.carry(),
+        }
+        path = self.spec.report_file + ".carried"
+        write_json(path, carried)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "jupyter_lounge.node", "--resume", path])
+
+    def _take_over(self, carried: dict) -> None:
+        self.lean, self.evicted = carried["lean"], carried["evicted"]
+        self.engines, self.wanted = carried["engines"], carried["wanted"]
+        self.size = carried["size"]
+        self.retired = set(carried["retired"])
+        self._next_index, self._interrupt = carried["next_index"], carried["interrupt"]
+        self.timings = carried["timings"]
+        self._carried_courtesy = carried["courtesy"]
+        if self.lean:
+            self.status = "in use"
 
     # -- reporting ---------------------------------------------------------------------------
     def report(self) -> None:
@@ -217,8 +280,9 @@ class NodeAgent:
         self._lap("engine_imports")
 
     def wait_for_controller(self) -> None:
-        self.status = "waiting-controller"
-        self.report()
+        if not self.resumed:  # a resumed agent's controller is there: no status to flicker
+            self.status = "waiting-controller"
+            self.report()
         path = self.spec.connection_file
         deadline = time.monotonic() + self.spec.connect_timeout
         while not os.path.exists(path) or read_json(path) is None:
@@ -229,7 +293,6 @@ class NodeAgent:
             self._poll(0.05)
         self.connection = read_json(path)
         self.probe_addr = self.kind.probe_address(self.connection)
-        self.kind.prepare(self.connection, self.spec.engine_options)
 
     def start_service(self) -> None:
         """Fork the engine kind's per-node service (ipyparallel's nanny) and wait for the
@@ -310,6 +373,11 @@ class NodeAgent:
             )
             if gpu is not None:
                 os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+            if gpu and self.spec.engines_per_gpu != 1:
+                # engines that share a GPU: each takes the memory it uses, not all of it at
+                # its first op (TensorFlow's and JAX's default, which leaves the others none)
+                os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+                os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
             _reseed(rank)
             self.kind.run_engine(
                 self.spec.connection_file,
@@ -437,7 +505,10 @@ class NodeAgent:
             except ChildProcessError:
                 break
             self.children.pop(pid, None)
-        if self.service_pid is not None:  # after the engines: it reports their exits
+        self.stop_service()  # after the engines: it reports their exits
+
+    def stop_service(self) -> None:
+        if self.service_pid is not None:
             pid, self.service_pid = self.service_pid, None
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -464,6 +535,8 @@ class NodeAgent:
         policy = self.spec.courtesy
         if policy is not None:  # only then does the first look decide whether to fork
             self.courtesy = Courtesy(IdlePolicy(**policy), time.monotonic())
+            if self._carried_courtesy:  # monotonic time is the machine's: kept by an exec
+                self.courtesy.take_over(self._carried_courtesy)
             self._watch()
 
     def _watch(self) -> None:
@@ -471,22 +544,39 @@ class NodeAgent:
         has been idle long enough."""
         from .telemetry import probe_in_use
 
-        self.telemetry = self.watcher.sample()
+        self.telemetry = self.watcher.sample() | {"agent_mib": own_mib()}
         if self.courtesy is None:
             return
         probe = probe_in_use(self.courtesy.policy.probe)
         state = self.courtesy.update(self.telemetry, time.monotonic(), probe)
         if state == "in use" and not self.evicted:
             self.evicted, self.status = True, "in use"
+            self._evicted_at = time.monotonic()
             for pid, rank in list(self.children.items()):
                 self.engines[str(rank)]["state"] = "evicted"
                 os.kill(pid, signal.SIGTERM)
+        elif state == "idle" and self.evicted and self.lean:
+            self.report()
+            self.rest(lean=False)
         elif state == "idle" and self.evicted:
             self.evicted, self.status = False, "running"
             running = set(self.children.values())
             for rank in self.wanted:
                 if rank not in running:
                     self.fork_engine(rank)
+
+    def _leave_for_the_person(self) -> None:
+        """Once evicted: engines that outlast the grace are killed, and once none is left
+        the agent rests lean (``rest``)."""
+        if self.children and time.monotonic() - self._evicted_at > STOP_GRACE_S:
+            for pid in list(self.children):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if not self.children:
+            self.report()
+            self.rest(lean=True)
 
     # -- main --------------------------------------------------------------------------------
     def _on_term(self, signum, frame) -> None:
@@ -505,13 +595,17 @@ class NodeAgent:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGHUP, self._on_hup)
-        self.preload()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked across a rest
+        if not self.lean:
+            self.preload()
         self.wait_for_controller()
         self._lap("wait_controller")
-        gc.collect()
-        gc.freeze()
-        self._lap("gc_freeze")
-        self.start_service()
+        if not self.lean:
+            self.kind.prepare(self.connection, self.spec.engine_options)
+            gc.collect()
+            gc.freeze()
+            self._lap("gc_freeze")
+            self.start_service()
         self._start_watching()
         self._poll(0)  # the control as it is now (a file link reads it the first time)
         self.forking = True
@@ -528,6 +622,8 @@ class NodeAgent:
             changed |= self._poll(POLL_S)
             if self.stopping:
                 break
+            if self.evicted and not self.lean:
+                self._leave_for_the_person()
             if time.monotonic() >= next_probe:
                 next_probe = time.monotonic() + PROBE_EVERY_S
                 misses = 0 if self.controller_alive() else misses + 1
@@ -545,6 +641,15 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--stdio"]:  # the spec and everything after it come over stdin (see StdioLink)
         NodeAgent(StdioLink()).run()
+        return
+    if len(argv) == 2 and argv[0] == "--resume":  # this agent, executed anew by NodeAgent.rest
+        carried = read_json(argv[1])
+        os.unlink(argv[1])
+        link = carried["link"]
+        if link["kind"] == "stdio":
+            NodeAgent(StdioLink(link), carried).run()
+        else:
+            NodeAgent(FileLink("", link), carried).run()
         return
     if len(argv) != 1:
         raise SystemExit("usage: python -m jupyter_lounge.node SPEC.json | --stdio")

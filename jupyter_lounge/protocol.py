@@ -206,11 +206,15 @@ class FileLink:
 
     closed = False  # a file link never closes: the controller probe notices a lost cluster
 
-    def __init__(self, spec_path: str):
-        self.spec_path = spec_path
+    def __init__(self, spec_path: str, carried: dict | None = None):
+        self.spec_path = spec_path if carried is None else carried["spec_path"]
         self._spec: Spec | None = None
         self._mtime = 0.0
-        self._hup = True
+        self._hup = True  # a re-executed agent reads the control afresh too
+
+    def carry(self) -> dict:
+        """What an agent executing itself anew needs to go on with this link (NodeAgent.rest)."""
+        return {"kind": "file", "spec_path": self.spec_path}
 
     def spec(self) -> Spec:
         try:
@@ -264,15 +268,31 @@ class StdioLink:
     The agent's files live in a private node-local folder (``<local_dir>/run/<cluster>.<key>``)
     that the link makes, points the spec at, and removes at exit."""
 
-    def __init__(self):
+    def __init__(self, carried: dict | None = None):
         self.out = os.dup(1)
         os.set_inheritable(self.out, False)
         os.dup2(2, 1)
         self.buf = b""
         self.closed = False
         self.run_dir: str | None = None
+        self._spec: dict | None = None  # the spec as it arrived, localized
         self._control: Control | None = None  # the last control that arrived
         self._fresh = False  # ... and poll has not returned it yet
+        if carried is not None:  # the same session, in an agent that executed itself anew
+            self.buf = carried["buf"].encode("latin-1")
+            self.closed, self.run_dir = carried["closed"], carried["run_dir"]
+            self._spec = carried["spec"]
+            if carried["control"] is not None:
+                self._control, self._fresh = Control.from_dict(carried["control"]), True
+
+    def carry(self) -> dict:
+        """What an agent executing itself anew needs to go on with this session (see
+        NodeAgent.rest): the report stream goes back on fd 1, where the new agent looks for
+        it; the bytes read but not yet taken, the spec and the last control go in the dict."""
+        os.dup2(self.out, 1)
+        control = None if self._control is None else self._control.to_dict()
+        return {"kind": "stdio", "buf": self.buf.decode("latin-1"), "closed": self.closed,
+                "run_dir": self.run_dir, "spec": self._spec, "control": control}  # fmt: skip
 
     def _lines(self, timeout: float | None) -> list[tuple[str, Any]]:
         """The lines that arrived within ``timeout`` (None: wait for at least one)."""
@@ -292,6 +312,8 @@ class StdioLink:
             self.buf += chunk
 
     def spec(self) -> Spec:
+        if self._spec is not None:
+            return Spec.from_dict(self._spec)
         lines = self._lines(None)
         if not lines:
             raise SystemExit("node agent: stdin closed before the spec arrived")
@@ -304,6 +326,7 @@ class StdioLink:
             self.publish(Report(node=socket.gethostname(), status="failed", error=str(e)))
             raise SystemExit(f"node agent: {e}") from None
         self._localize(spec)
+        self._spec = spec.to_dict()
         self._take(rest)
         return spec
 

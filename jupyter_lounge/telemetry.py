@@ -145,6 +145,13 @@ class Courtesy:
         self._busy_since: float | None = None
         self._quiet_since: float | None = now
 
+    def carry(self) -> list:
+        """Where it stands, for an agent that executes itself anew (``take_over``)."""
+        return [self.state, self.reason, self._busy_since, self._quiet_since]
+
+    def take_over(self, carried: list) -> None:
+        self.state, self.reason, self._busy_since, self._quiet_since = carried
+
     def update(self, sample: dict, now: float, probe_in_use: bool = False) -> str:
         p = self.policy
         gpu = max((g.get("util_percent", 0) for g in sample.get("gpus", [])), default=0)

@@ -358,16 +358,17 @@ def test_each_engine_gets_its_own_gpu_and_identity():
                 os.environ["LOUNGE_SIZE"],
                 os.environ["LOUNGE_NODE"],
                 os.environ["CUDA_VISIBLE_DEVICES"],
+                os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH"),  # a shared GPU: memory growth
             )
 
         got = sorted(run_everywhere(cluster, identity))
         node = cluster.backend.plan(5, 1)[0][0]
         assert got == [
-            (0, "5", node, "0"),
-            (1, "5", node, "1"),
-            (2, "5", node, "0"),
-            (3, "5", node, "1"),
-            (4, "5", node, ""),
+            (0, "5", node, "0", "true"),
+            (1, "5", node, "1", "true"),
+            (2, "5", node, "0", "true"),
+            (3, "5", node, "1", "true"),
+            (4, "5", node, "", None),
         ]
     finally:
         cluster.stop_sync()

@@ -10,12 +10,13 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from jupyter_lounge import Lounge, state
 from jupyter_lounge.telemetry import Courtesy, IdlePolicy, Telemetry
 
-from .conftest import inventory_for_testbed, slurm_testbed_problem, wait_until
+from .conftest import inventory_for_testbed, processes_under, slurm_testbed_problem, wait_until
 
 INFRA = Path(__file__).parent / "infra"
 POLICY = IdlePolicy(cpu_percent=50, gpu_percent=20, for_seconds=10, idle_after_seconds=60)
@@ -138,3 +139,53 @@ def test_a_person_logging_in_evicts_engines_without_losing_work(kind, where, tmp
         if node:
             subprocess.run([str(INFRA / "logout-node"), node.removeprefix("node")], timeout=30)
         cluster.stop_sync()
+
+
+@pytest.mark.parametrize("kind", ["ipyparallel", "dask"])
+def test_an_agent_gives_its_memory_back_while_in_use_and_returns_full(kind, tmp_path, lounge_dir):
+    """A person at the machine: the engines go, and the agent executes itself anew without
+    the preload (same pid, a fraction of the memory). Idle again: it imports the preload anew
+    and forks the engines, which have it."""
+    person = tmp_path / "person"
+    courtesy = {
+        "probe": f"test -e {person}",  # this machine's own people and load do not count here
+        "cpu_percent": 100,
+        "gpu_percent": 100,
+        "for_seconds": 1,
+        "idle_after_seconds": 1,
+    }
+    cluster = Lounge(2, engines=kind, preload="pandas", courtesy=courtesy, wait=True)
+    cluster.start_sync()
+    try:
+
+        def report():
+            return state.read_json(cluster.agents[0]["files"]["report"])
+
+        full = wait_until(lambda: (r := report())["telemetry"] and r, 10, "a telemetry sample")
+        assert full["status"] == "running"
+        person.touch()
+        lean = wait_until(
+            lambda: (
+                (r := report())["status"] == "in use"
+                and r["telemetry"]["agent_mib"] < full["telemetry"]["agent_mib"] / 2
+                and r
+            ),
+            30,
+            "the agent to rest lean",
+        )
+        assert lean["pid"] == full["pid"] and lean["timings"] == full["timings"]
+        assert all(e["state"] == "evicted" for e in lean["engines"].values())
+        agent = psutil.Process(full["pid"])
+        assert "--resume" in agent.cmdline() and agent.children() == []
+        wait_until(lambda: len(cluster.registered()) == 0, 15, "the evicted engines to leave")
+
+        person.unlink()
+        cluster.wait_for_engines_sync(2, timeout=60)
+        back = report()
+        assert back["pid"] == full["pid"] and back["status"] == "running"
+        assert all(e["restarts"] == 1 for e in back["engines"].values())
+        df = cluster.map(lambda _: "pandas" in sys.modules, range(4), progress=False)
+        assert df.result.tolist() == [True] * 4  # forked from an agent that imported it anew
+    finally:
+        cluster.stop_sync()
+    assert processes_under(str(lounge_dir)) == []

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -114,3 +117,28 @@ def test_engine_identities_are_python_name_parts_and_give_node_and_rank_back(nod
     assert parse_engine_name(ident) == (node, 12)
     assert parse_engine_name(engine_name(node, 3)) == (node, 3)  # Dask's worker names
     assert parse_engine_name("not-an-engine") is None
+
+
+def test_doctor_runs_tensorflow_in_an_engine_forked_as_the_agent_forks_them():
+    from jupyter_lounge.doctor import _tensorflow_row
+
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyter_lounge.doctor"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=os.environ | {"CUDA_VISIBLE_DEVICES": ""},  # the GPUs Slurm granted: none
+    )
+    said = json.loads(done.stdout)
+    assert said["fork"] is None and said["gpus"] == [] and said["op"] is True
+    version = said["version"]
+    assert _tensorflow_row(said, gpus=0) == (
+        True,
+        f"TensorFlow {version} in a forked engine sees 0 GPU(s) and ran an op on /CPU:0",
+    )
+    ok, detail = _tensorflow_row(said, gpus=2)  # the inventory promised two
+    assert not ok and detail.endswith(
+        "pip install tensorflow[and-cuda]) in the environment and sync it"
+    )
+    ok, detail = _tensorflow_row(said | {"fork": "threads ['loader'] are running"}, gpus=0)
+    assert not ok and "cannot be: threads ['loader'] are running after import tensorflow" in detail

@@ -140,7 +140,7 @@ def test_engines_only_on_idle_pcs_eviction_mid_map_and_return(windows_lounge, lo
     """ana at node1's console: no engine there. A game starts on node2 mid-map: its engines
     go within 10 s and no item is lost. Both PCs quiet again: engines come back."""
     pc(1, console_user="ana\n")
-    cluster = Lounge(12, wait=False, timeout=60, **windows_lounge).start_sync()
+    cluster = Lounge(12, wait=False, timeout=60, preload="pandas", **windows_lounge).start_sync()
     try:
         rows = wait_until(
             lambda: (
@@ -184,6 +184,10 @@ def test_engines_only_on_idle_pcs_eviction_mid_map_and_return(windows_lounge, lo
         )
         assert row["status"] == "in use" and row["why"] == "cs2.exe running"
         assert time.monotonic() - started["at"] < 30
+        # the PC gets its memory back: the agent rests lean (a fifth of a running one with pandas)
+        node2 = lambda: next(x for x in cluster.nodes_status() if x["node"] == "node2")  # noqa: E731
+        running = next(x for x in rows.values() if x["node"] == "node3")["agent_mib"]
+        wait_until(lambda: node2()["agent_mib"] < running / 2, 15, "node2's agent to rest lean")
         pc(1, console_user=None)
         pc(2, games=None)
         wait_until(lambda: len(cluster.registered()) == 12, 60, "all 12 engines back")
@@ -226,9 +230,10 @@ def test_doctor_asks_a_windows_pc_and_a_linux_pc_the_same_questions(windows_loun
     options = {k: v for k, v in windows_lounge.items() if k != "backend"}
     backend = make_backend("ssh", **options)
     pc(1, console_user="ana\n")
-    rows = run_sync(diagnose(backend, tensorflow=False))
+    rows = run_sync(diagnose(backend, tensorflow=True))
     by = {(r["node"], r["check"]): r for r in rows}
     checks = ["ssh", "os", "python", "environment", "disk", "gpus", "controller", "presence"]
+    checks.append("tensorflow")  # in an engine forked as the agent forks them
     assert [r["check"] for r in rows if r["node"] == "node1"] == checks
     assert by["node1", "os"]["detail"].startswith(f"WSL2 distro {DISTRO} on Windows")
     assert by["node1", "os"]["status"] == by["node3", "os"]["status"] == "ok"
@@ -236,6 +241,11 @@ def test_doctor_asks_a_windows_pc_and_a_linux_pc_the_same_questions(windows_loun
     assert by["node2", "presence"] == {**by["node2", "presence"], "status": "ok", "detail": "idle"}
     assert all(by[f"node{i}", "controller"]["status"] == "ok" for i in (1, 2, 3))
     assert by["node3", "gpus"]["status"] == "skipped"  # gpus = 0 in the inventory
+    for i in (1, 3):
+        assert by[f"node{i}", "tensorflow"]["status"] == "ok"
+        assert by[f"node{i}", "tensorflow"]["detail"].endswith(
+            "in a forked engine sees 0 GPU(s) and ran an op on /CPU:0"
+        )
     pc(2, distros="Debian\n")  # the distro the inventory names is not on that PC
     rows = run_sync(diagnose(backend, tensorflow=False))
     ssh = next(r for r in rows if r["node"] == "node2")
