@@ -189,3 +189,25 @@ def test_an_agent_gives_its_memory_back_while_in_use_and_returns_full(kind, tmp_
     finally:
         cluster.stop_sync()
     assert processes_under(str(lounge_dir)) == []
+
+
+def test_a_cluster_stopped_while_its_agent_rests_leaves_nothing(tmp_path, lounge_dir):
+    person = tmp_path / "person"
+    courtesy = {"probe": f"test -e {person}", "cpu_percent": 100, "gpu_percent": 100}
+    cluster = Lounge(2, courtesy=courtesy, wait=False).start_sync()
+    try:
+        person.touch()
+        report = wait_until(
+            lambda: (
+                (r := state.read_json(cluster.agents[0]["files"]["report"]))
+                and r["status"] == "in use"
+                and "--resume" in psutil.Process(r["pid"]).cmdline()
+                and r
+            ),
+            30,
+            "the agent to rest",
+        )
+        assert cluster.nodes_status()[0]["why"] == "the idle probe says in use"
+    finally:
+        cluster.stop_sync()
+    assert not psutil.pid_exists(report["pid"]) and processes_under(str(lounge_dir)) == []
