@@ -259,7 +259,7 @@ def format_rows(rows: list[dict], columns: list[str], as_json: bool = False) -> 
 #: The columns of ``lounge nodes``: from the inventory, or asked of each node (``--live``).
 NODE_COLUMNS = ["name", "host", "user", "port", "gpus", "engines", "pools"]
 LIVE_COLUMNS = ["name", "host", "state", "cpu", "mem", "gpu", "users", "pools", "why"]
-SYNC_COLUMNS = ["node", "status", "MiB", "seconds", "env"]
+SYNC_COLUMNS = ["node", "status", "files", "MiB", "seconds", "env"]
 
 
 def node_cells(row: dict) -> dict:

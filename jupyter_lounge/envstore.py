@@ -1,17 +1,21 @@
 """The node's side of ``lounge sync``, and of starting an agent from a synced environment.
 
 Environments live on a node's own disk at ``<local_dir>/envs/<fingerprint>/``. Before any
-exists there, the node has only its base Python, so this module (with ``trust.py``) uses the
+exists there, the node has only its base Python, so this module (with ``trust.py`` and
+``treestore.py``) uses the
 standard library alone and travels as source: the command ssh runs is a short fixed bootstrap
 (``BOOT``) that reads exactly that many bytes of program from stdin and runs it; whatever
-follows on stdin (a tar stream, or the agent's spec) is left for the program. No shell syntax,
-no path and no secret is in the command; the paths are its arguments, quoted once.
+follows on stdin (the shipment's frames, or the agent's spec) is left for the program. No
+shell syntax, no path and no secret is in the command; the paths are its arguments, quoted
+once.
 
 * ``check LOCAL_DIR FP``: is that environment there, and are the folders ours alone?
-* ``receive LOCAL_DIR FP KEEP``: unpack a framed tar stream into a unique temporary folder,
-  under the store's lock; verify the tree hash the sender computed while writing it; only
-  then rename it into place. Older environments beyond ``KEEP`` are removed unless an agent
-  uses one (agents hold a shared lock on its marker file while they run).
+* ``put LOCAL_DIR KIND NAME [force]``: receive the environment (``env``, NAME its
+  fingerprint) or data set (``data``) NAME by content, as ship.py sends it: every file is
+  kept once in the node's object store (treestore.py), so only files the node lacks travel;
+  the tree is linked in a temporary folder and renamed into place whole. Older environments
+  beyond the sender's ``keep`` are removed unless an agent uses one (agents hold a shared lock
+  on its marker file while they run).
 * ``launch LOCAL_DIR FP``: check the folders, take that shared lock, and become the node
   agent run by that environment's Python (``os.execv``, keeping stdin as it is).
 * ``doctor LOCAL_DIR FP HOST PORT``: what ``lounge doctor`` asks of the node (see doctor).
@@ -19,20 +23,34 @@ no path and no secret is in the command; the paths are its arguments, quoted onc
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import re
+import shutil
 import struct
 import sys
 import time
 
 try:
+    from .treestore import (
+        DATA_NAME_RE,
+        SHARED,
+        Store,
+        StoreError,
+        apply_delta,
+        data_current,
+        object_key,
+        safe_path,
+        switch_data,
+        tree_id,
+        trees_in_use,
+        unpack,
+    )
     from .trust import UntrustedPath, check_private_dir, private_dir
-except ImportError:  # sent as source after trust.py's: its names are already here
+except ImportError:  # sent as source after trust.py's and treestore.py's: names are here
     pass
 
 MARKER = ".lounge-env"
-LOCK_WAIT_S = 600.0
 #: The command-line program ssh runs (with ``-I -c``): it reads N bytes of program from stdin.
 BOOT = (
     "import os,sys\n"
@@ -49,8 +67,8 @@ BOOT = (
 def program() -> bytes:
     """This module's source after trust.py's, as one program, calling ``main``."""
     here = os.path.dirname(os.path.abspath(__file__))
-    parts = []
-    for name in ("trust.py", "envstore.py"):
+    parts = ["from __future__ import annotations"]  # once, first: annotations stay unevaluated
+    for name in ("trust.py", "treestore.py", "envstore.py"):
         with open(os.path.join(here, name)) as f:
             parts += [ln for ln in f.read().splitlines() if not ln.startswith("from __future__")]
     parts.append("main(sys.argv[1:])")
@@ -62,65 +80,9 @@ def command(python: str, action: str, *args: str) -> list[str]:
     return [python, "-I", "-c", BOOT, str(len(program())), action, *args]
 
 
-# -- the tree hash: what was sent is what arrived -----------------------------------------------
-class TreeHash:
-    """sha256 over the members of a tar stream, in order: kind, name, link target or size, and
-    every byte of every file. The sender computes it while writing, the node while unpacking."""
-
-    def __init__(self) -> None:
-        self.h = hashlib.sha256()
-        self.files = 0
-        self.bytes = 0
-
-    def member(self, kind: str, name: str, extra: str) -> None:
-        self.h.update(f"{kind}\0{name}\0{extra}\n".encode("utf-8", "surrogateescape"))
-        if kind == "f":
-            self.files += 1
-
-    def data(self, chunk: bytes) -> None:
-        self.h.update(chunk)
-        self.bytes += len(chunk)
-
-    def hexdigest(self) -> str:
-        return self.h.hexdigest()
-
-
 def frame(kind: bytes, payload: bytes) -> bytes:
     """One frame of the stream after the program: ``D`` tar data, ``E`` the trailer (JSON)."""
     return kind + struct.pack(">I", len(payload)) + payload
-
-
-class _FrameReader:
-    """A file-like reader of the tar frames on stdin; stops at the trailer and keeps it.
-    (tarfile reads 10 KiB at a time: the buffer moves a position, it is not re-sliced.)"""
-
-    def __init__(self, fd: int = 0) -> None:
-        self.fd, self.buf, self.pos, self.trailer = fd, bytearray(), 0, None
-
-    def _exactly(self, n: int) -> bytearray:
-        out = bytearray()
-        while len(out) < n:
-            chunk = os.read(self.fd, min(n - len(out), 1 << 20))
-            if not chunk:
-                raise EOFError("the stream ended early (the sync was interrupted)")
-            out += chunk
-        return out
-
-    def read(self, n: int = -1) -> bytes:
-        while self.trailer is None and (n < 0 or len(self.buf) - self.pos < n):
-            del self.buf[: self.pos]  # once per frame: what was read goes
-            self.pos = 0
-            kind, size = self._exactly(1), struct.unpack(">I", self._exactly(4))[0]
-            payload = self._exactly(size)
-            if kind == b"E":
-                self.trailer = json.loads(bytes(payload))
-            else:
-                self.buf += payload
-        left = len(self.buf) - self.pos
-        n = left if n < 0 or n > left else n
-        out = bytes(self.buf[self.pos : self.pos + n])
-        self.pos += n
-        return out
 
 
 # -- the actions --------------------------------------------------------------------------------
@@ -143,64 +105,6 @@ def check(local_dir: str, fp: str) -> dict:
     return {"state": "present" if os.path.isfile(os.path.join(env, MARKER)) else "absent"}
 
 
-def _locked(path: str):
-    """The store's lock (exclusive), waited for up to LOCK_WAIT_S seconds."""
-    import fcntl
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    deadline = time.monotonic() + LOCK_WAIT_S
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"another sync held {path} for {LOCK_WAIT_S:g} s; try again later"
-                ) from None
-            time.sleep(0.2)
-
-
-def _safe_name(name: str) -> str:
-    parts = name.split("/")
-    if name.startswith("/") or ".." in parts or not name:
-        raise ValueError(f"refusing a path outside the environment: {name!r}")
-    return name
-
-
-def _unpack(reader: _FrameReader, into: str) -> TreeHash:
-    import tarfile
-
-    tree, made = TreeHash(), {into}
-    with tarfile.open(fileobj=reader, mode="r|") as tar:
-        for m in tar:
-            name = _safe_name(m.name)
-            dest = os.path.join(into, name)
-            if os.path.dirname(dest) not in made:  # a member whose folder came first is usual
-                os.makedirs(os.path.dirname(dest), 0o755, exist_ok=True)
-                made.add(os.path.dirname(dest))
-            if m.isdir():
-                tree.member("d", name, "")
-                os.makedirs(dest, 0o755, exist_ok=True)
-                made.add(dest)
-            elif m.issym():
-                tree.member("l", name, m.linkname)
-                os.symlink(m.linkname, dest)
-            elif m.islnk():
-                tree.member("h", name, m.linkname)
-                os.link(os.path.join(into, _safe_name(m.linkname)), dest)
-            elif m.isreg():
-                tree.member("f", name, str(m.size))
-                src = tar.extractfile(m)
-                fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "wb") as out:
-                    while chunk := src.read(1 << 20):
-                        tree.data(chunk)
-                        out.write(chunk)
-                os.chmod(dest, m.mode & 0o755)  # nobody else may change it
-    return tree
-
-
 def _in_use(env: str) -> bool:
     """Does a running agent hold this environment (a shared lock on its marker)?"""
     import fcntl
@@ -216,55 +120,6 @@ def _in_use(env: str) -> bool:
         return True
     finally:
         os.close(fd)
-
-
-def receive(local_dir: str, fp: str, keep: int) -> dict:
-    import shutil
-    import tempfile
-
-    base, envs, env = _dirs(local_dir, fp)
-    private_dir(base, "local_dir")
-    private_dir(envs, "environment store")
-    lock = _locked(os.path.join(envs, ".lock"))
-    try:
-        for name in os.listdir(envs):  # what an interrupted sync left (we hold the lock)
-            if name.startswith(f".{fp}.part-") or name.endswith(".part"):
-                shutil.rmtree(os.path.join(envs, name), ignore_errors=True)
-        tmp = tempfile.mkdtemp(prefix=f".{fp}.part-", dir=envs)
-        try:
-            reader = _FrameReader()
-            tree = _unpack(reader, tmp)
-            while reader.trailer is None:  # the tar's end padding, then the trailer
-                reader.read(1 << 16)
-            sent = reader.trailer
-            if sent.get("tree") != tree.hexdigest():
-                raise ValueError(
-                    f"the environment arrived damaged: {tree.files} files, {tree.bytes} bytes "
-                    f"received, {sent.get('files')} files, {sent.get('bytes')} bytes sent"
-                )
-            marker = {"fingerprint": fp, "tree": tree.hexdigest(), "time": time.time()}
-            with open(os.path.join(tmp, MARKER), "w") as f:
-                json.dump(marker, f)
-            os.chmod(tmp, 0o755)
-            if os.path.isdir(env) and not os.path.isfile(os.path.join(env, MARKER)):
-                shutil.rmtree(env)  # a broken one (from an older version): replaced
-            if os.path.isdir(env):
-                shutil.rmtree(tmp)  # another sync finished it meanwhile
-            else:
-                os.rename(tmp, env)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        removed, kept_in_use = _prune(envs, fp, keep)
-    finally:
-        os.close(lock)
-    return {
-        "state": "shipped",
-        "files": tree.files,
-        "bytes": tree.bytes,
-        "removed": removed,
-        "in_use": kept_in_use,
-    }
 
 
 def _prune(envs: str, newest: str, keep: int) -> tuple[list[str], list[str]]:
@@ -286,6 +141,143 @@ def _prune(envs: str, newest: str, keep: int) -> tuple[list[str], list[str]]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(name)
     return removed, in_use
+
+
+# -- put: one tree shipped by content (see ship.py for the sender) ------------------------------
+def _frames(fd: int = 0):
+    """The frames on stdin: (kind, payload) until the stream ends."""
+    while True:
+        head = _read_exactly(fd, 5, eof_ok=True)
+        if not head:
+            return
+        size = struct.unpack(">I", head[1:])[0]
+        yield head[:1], _read_exactly(fd, size)
+
+
+def _read_exactly(fd: int, n: int, eof_ok: bool = False) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = os.read(fd, min(n - len(out), 1 << 20))
+        if not chunk:
+            if eof_ok and not out:
+                return b""
+            raise EOFError("the stream ended early (the sync was interrupted; run it again: "
+                           "the files that arrived are kept)")  # fmt: skip
+        out += chunk
+    return bytes(out)
+
+
+def _say(answer: dict) -> None:
+    print(json.dumps(answer), flush=True)
+
+
+def _next(frames, want: bytes) -> bytes:
+    kind, payload = next(frames, (b"", b""))
+    if kind != want:
+        raise EOFError("the stream ended early (the sync was interrupted; run it again: the "
+                       "files that arrived are kept)")  # fmt: skip
+    return payload
+
+
+def _manifest(store, frames) -> tuple[dict, list]:
+    """Read the manifest frame (a delta from a tree this node has, or whole), asking for the
+    whole one when the delta does not add up to the tree it names."""
+    for attempt in (1, 2):
+        change = unpack(_next(frames, b"M"))
+        base = store.manifest(change["base"]) if change.get("base") else []
+        if base is not None:
+            entries = apply_delta(base, change)
+            if tree_id(entries) == change["tree"]:
+                return change, entries
+        if attempt == 2:
+            raise ValueError("the manifest that arrived does not match its tree id")
+        _say({"state": "resend"})
+    raise AssertionError
+
+
+def _check_entries(entries: list, kind: str) -> None:
+    allowed = 0o700 if kind == "data" else 0o755
+    for e in entries:
+        safe_path(e[0])
+        if e[1] not in ("d", "f", "l") or e[2] & ~allowed:
+            raise ValueError(f"refusing entry {e[0]!r}: kind {e[1]!r}, mode {e[2]:o}")
+
+
+def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
+    """Receive one tree (an environment ``name`` = its fingerprint, or a data set) as the
+    sender in ship.py talks: answer whether it is here; read its manifest; answer the
+    objects missing; read them, each checked; link the tree and put it in place."""
+    base, envs, env = _dirs(local_dir, name)
+    frames = _frames()
+    if kind == "env":
+        state = check(local_dir, name)
+        if state["state"] == "refused":
+            raise UntrustedPath(state["problem"])
+        if state["state"] == "present" and not force:
+            _say({"state": "present"})
+            return
+    elif kind != "data":
+        raise ValueError(f"unknown kind {kind!r}")
+    elif not re.match(DATA_NAME_RE, name):
+        raise ValueError(f"{name!r} cannot name a data set: use letters, digits and _")
+    with Store(base) as store:
+        have = sorted(n[:-2] for n in os.listdir(store.trees) if n.endswith(".z"))
+        _say({"state": "absent", "have": have, "free_mib": store.free_mib()})
+        change, entries = _manifest(store, frames)
+        _check_entries(entries, kind)
+        tid = change["tree"]
+        if kind == "data" and not force and data_current(base, name) == tid:
+            _say({"state": "present"})
+            return
+        missing = store.missing(entries)
+        if force:
+            missing = {object_key(e): e[3] for e in entries if e[1] == "f"}
+        store.check_room(sum(missing.values()), "this node")
+        _say({"state": "missing", "missing": missing})
+        received = files = 0
+        for frame_kind, payload in frames:
+            if frame_kind == b"E":
+                break
+            if frame_kind != b"O":
+                raise ValueError(f"unexpected frame {frame_kind!r}")
+            head = json.loads(payload)
+            received += store.put_object(head["key"], _object_chunks(frames, head["size"]),
+                                         head.get("mtime"))  # fmt: skip
+            files += 1
+        else:
+            raise EOFError("the stream ended early (the sync was interrupted; run it again: "
+                           "the files that arrived are kept)")  # fmt: skip
+        lacking = [k for k in missing if not store.has(k)]
+        if lacking:
+            raise ValueError(f"{len(lacking)} files did not arrive; run the sync again")
+        store.save_manifest(tid, entries)
+        if kind == "env":
+            private_dir(envs, "environment store")
+            if os.path.isdir(env):
+                shutil.rmtree(env)  # a broken one (no marker), or forced
+            marker = {"fingerprint": name, "tree": tid, "time": time.time()}
+            store.link_tree(entries, env, SHARED, {MARKER: json.dumps(marker).encode()})
+            removed, in_use = _prune(envs, name, int(change.get("keep", 2)))
+            if removed:
+                store.collect(trees_in_use(base))
+        else:
+            switch_data(store, name, tid, entries)
+            removed, in_use = [], []
+    _say({"state": "shipped", "files": files, "bytes": received, "tree": tid,
+          "removed": removed, "in_use": in_use})  # fmt: skip
+
+
+def _object_chunks(frames, size: int):
+    left = size
+    while left > 0:
+        kind, payload = next(frames, (b"", b""))
+        if kind != b"D":
+            raise EOFError("the stream ended early (the sync was interrupted; run it again: "
+                           "the files that arrived are kept)")  # fmt: skip
+        left -= len(payload)
+        yield payload
+    if left:
+        raise ValueError("a file arrived longer than announced")
 
 
 def launch(local_dir: str, fp: str) -> None:
@@ -360,12 +352,12 @@ def main(argv: list[str]) -> None:
             print(json.dumps(check(*args)), flush=True)
         elif action == "doctor":
             print(json.dumps(doctor(*args)), flush=True)
-        elif action == "receive":
-            print(json.dumps(receive(args[0], args[1], int(args[2]))), flush=True)
         elif action == "launch":
             launch(*args)
+        elif action == "put":
+            put(*args)
         else:
             raise ValueError(f"unknown action {action!r}")
-    except (UntrustedPath, OSError, ValueError, EOFError, TimeoutError) as e:
+    except (UntrustedPath, StoreError, OSError, ValueError, EOFError, TimeoutError) as e:
         print(f"jupyter_lounge on {os.uname().nodename}: {e}", file=sys.stderr, flush=True)
         sys.exit(3)

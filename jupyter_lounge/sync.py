@@ -23,21 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 import sysconfig
-import tarfile
 import time
 from pathlib import Path
 
 from . import envstore
-from .envstore import TreeHash
 from .errors import LoungeError
-from .procs import call
 from .protocol import read_json, write_json
 
 KEEP = 2  # environments kept on a node: the new one and the one before
@@ -101,102 +96,32 @@ def _editable_hooks(site: Path, source: Path) -> set[Path]:
     return hooks
 
 
-class _Hashing:
-    """A file read through: what tarfile copies from it also goes into the tree hash."""
-
-    def __init__(self, f, tree: TreeHash):
-        self.f, self.tree = f, tree
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.f.read(n)
-        self.tree.data(data)
-        return data
-
-
-class TarSender:
-    """A tar stream to ``out`` whose members also go into ``tree`` (see envstore.TreeHash),
-    in the order and shape the node hashes them as it unpacks."""
-
-    def __init__(self, out, tree: TreeHash):
-        # tarfile's stream re-copies its whole buffer on each write: keep it small
-        self.tar = tarfile.open(fileobj=out, mode="w|", bufsize=1 << 16)
-        self.tree = tree
-
-    def add(self, path: Path, arcname: str) -> None:
-        info = self.tar.gettarinfo(str(path), arcname)
-        if info.isreg():
-            self.tree.member("f", info.name, str(info.size))
-            with open(path, "rb") as f:
-                self.tar.addfile(info, _Hashing(f, self.tree))
-        elif info.isdir():
-            self.tree.member("d", info.name, "")
-            self.tar.addfile(info)
-        elif info.issym():
-            self.tree.member("l", info.name, info.linkname)
-            self.tar.addfile(info)
-
-    def __enter__(self) -> TarSender:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.tar.close()
-
-
-def write_tar(out, tree: TreeHash | None = None) -> int:
-    """Write this environment as a tar stream to ``out``; return the bytes of file data. Every
-    member also goes into ``tree``, as the node will hash it."""
+def env_pairs():
+    """(name in the environment, local path) of everything in this virtualenv as it travels,
+    folders before their contents: an editable jupyter_lounge goes in as a plain package (its
+    source, without the hooks that point at it here)."""
     prefix, site = Path(sys.prefix), Path(sysconfig.get_paths()["purelib"])
     source = _source_dir()
     skip = _editable_hooks(site, source)
     inside = prefix in source.parents
-    tree = tree or TreeHash()
-    with TarSender(out, tree) as tar:
-        for root, dirs, files in os.walk(prefix):
-            dirs.sort()
-            here = Path(root)
-            for name in (*dirs, *sorted(files)):
-                path = here / name
-                if path in skip or (not inside and path == site / "jupyter_lounge"):
-                    continue
-                if name in dirs and path.is_symlink():
-                    dirs.remove(name)  # a symlinked folder travels as the link
-                tar.add(path, str(path.relative_to(prefix)))
-        if not inside:  # an editable install: its source goes in as a plain package
-            arc = site.relative_to(prefix) / "jupyter_lounge"
-            tar.add(source, str(arc))
-            for path in sorted(source.rglob("*")):
-                if "__pycache__" in path.parts:
-                    continue
-                tar.add(path, str(arc / path.relative_to(source)))
-    return tree.bytes
-
-
-class _FanOut:
-    """A file-like object that writes each chunk, as one frame, to every live session's stdin."""
-
-    def __init__(self, procs: dict[str, subprocess.Popen]):
-        self.procs = dict(procs)
-        self.failed: dict[str, str] = {}
-
-    def send(self, data: bytes) -> None:
-        for name in list(self.procs):
-            self.send_to(name, data)
-        if not self.procs:
-            raise LoungeError("every node's SSH session ended while the environment was shipped")
-
-    def send_to(self, name: str, data: bytes) -> None:
-        try:
-            self.procs[name].stdin.write(data)
-        except (BrokenPipeError, OSError) as e:
-            self.failed[name] = f"the SSH session ended while shipping ({e})"
-            del self.procs[name]
-
-    def write(self, data: bytes) -> int:
-        self.send(envstore.frame(b"D", bytes(data)))
-        return len(data)
-
-    def flush(self) -> None:
-        pass
+    for root, dirs, files in os.walk(prefix):
+        dirs.sort()
+        here = Path(root)
+        for name in (*dirs, *sorted(files)):
+            path = here / name
+            if path in skip or (not inside and path == site / "jupyter_lounge"):
+                if name in dirs:
+                    dirs.remove(name)
+                continue
+            if name in dirs and path.is_symlink():
+                dirs.remove(name)  # a symlinked folder travels as the link
+            yield str(path.relative_to(prefix)), path
+    if not inside:
+        arc = site.relative_to(prefix) / "jupyter_lounge"
+        yield str(arc), source
+        for path in sorted(source.rglob("*")):
+            if "__pycache__" not in path.parts:
+                yield str(arc / path.relative_to(source)), path
 
 
 def wsl_command(node, *argv: str) -> str:
@@ -238,59 +163,57 @@ def _said(error: str) -> str:
     return said.splitlines()[-1] if said else "no answer"
 
 
-async def sync(nodes: list, ssh_command, force: bool = False) -> list[dict]:
+def put_tree(
+    nodes: list, ssh_command, kind: str, name: str, build, *, force=False, progress=True, keep=KEEP
+) -> dict[str, dict]:
+    """Ship the tree ``build()`` gives (only called when a node lacks it) as the environment or
+    data set ``name`` to these inventory nodes at once (see ship.py); node -> its row."""
+    from . import ship
+
+    sessions = {}
+    for node in nodes:
+        cmd, first = _node_command(
+            ssh_command, node, "put", node.local_dir, kind, name, "force" if force else ""
+        )
+        sessions[node.name] = ship.Session(node.name, cmd, first)
+    return ship.ship(sessions, build, keep=keep, progress=progress)
+
+
+async def sync(nodes: list, ssh_command, force: bool = False, progress: bool = True) -> list[dict]:
     """Make sure each of these inventory nodes has this environment (reached with
     ``ssh_command(name)``); return one row per node: node, env, status ("present", "shipped" or
-    "failed: why"), seconds, MiB."""
+    "failed: why"), files and MiB sent, seconds."""
+    from . import ship
+
     fp, base = fingerprint(), base_python()
-    by_name = {node.name: node for node in nodes}
-
-    async def check(node) -> tuple[str, str]:
-        cmd, first = _node_command(ssh_command, node, "check", node.local_dir, fp)
-        try:
-            out = await call(cmd, timeout=30, input=first + envstore.program())
-        except LoungeError as e:
-            if "exit code 127" in str(e):  # the shell found no such python
-                return "nobase", ""
-            return "failed", _said(str(e))
-        try:
-            answer = json.loads(out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            return "failed", f"the node answered {out.strip()[-200:]!r}"
-        return answer["state"], answer.get("problem") or ""
-
     t0 = time.monotonic()
-    states = await asyncio.gather(*(check(n) for n in nodes))
-    rows = {}
-    for node, (how, why) in zip(nodes, states):
-        row = {"node": node.name, "env": env_dir(node.local_dir, fp), "seconds": None, "MiB": 0}
-        if how == "nobase":
-            how = (
+    shipped = await asyncio.to_thread(
+        put_tree, nodes, ssh_command, "env", fp,
+        lambda: ship.scan(env_pairs(), private=False, what="env"),
+        force=force, progress=progress,
+    )  # fmt: skip
+    seconds = round(time.monotonic() - t0, 1)
+    rows = []
+    memory = _memory()
+    for node in nodes:
+        row = shipped[node.name]
+        status = row["status"]
+        if status.startswith("failed: exit code 127"):  # the shell found no such python
+            status = (
                 f"failed: it has no {base}, the base Python this virtualenv was made from "
                 "(install the same Python there, or give the node its own python= in the "
                 "inventory and do not sync)"
             )
-        elif how == "present" and force:
-            how = "absent"
-        elif how in ("failed", "refused"):
-            how = f"failed: {why or 'no answer'}"
-        row["status"] = how
-        rows[node.name] = row
-    todo = [n for n in nodes if rows[n.name]["status"] == "absent"]
-    if todo:
-        shipped = await asyncio.to_thread(_ship, ssh_command, todo, fp)
-        for name, (status, mib) in shipped.items():
-            rows[name].update(status=status, MiB=mib)
-    memory = _memory()
-    for row in rows.values():
-        row["seconds"] = round(time.monotonic() - t0, 1)
-        key = _key(by_name[row["node"]])
-        if row["status"] in ("present", "shipped"):
-            memory[key] = fp
+        rows.append({
+            "node": node.name, "env": env_dir(node.local_dir, fp), "status": status,
+            "files": row["files"], "MiB": round(row["bytes"] / 2**20, 2), "seconds": seconds,
+        })  # fmt: skip
+        if status in ("present", "shipped"):
+            memory[_key(node)] = fp
         else:
-            memory.pop(key, None)
+            memory.pop(_key(node), None)
     write_json(_memory_path(), memory)
-    return list(rows.values())
+    return rows
 
 
 # What this machine synced where: a ``--sync`` start trusts it instead of asking each node
@@ -321,43 +244,3 @@ def launch_command(node, fp: str) -> tuple[str, bytes]:
     goes first on stdin: the node program checks the folders are the user's alone, then
     becomes that env's agent (the relay sends the program next, see ``--program``)."""
     return node_program(node, "launch", node.local_dir, fp)
-
-
-def _ship(ssh_command, nodes, fp: str, write=write_tar, keep: int = KEEP) -> dict:
-    """Send what ``write(out, tree)`` writes to every node at once, as environment ``fp``;
-    node -> (status, MiB)."""
-    procs, firsts = {}, {}
-    for node in nodes:
-        cmd, firsts[node.name] = _node_command(
-            ssh_command, node, "receive", node.local_dir, fp, str(keep)
-        )
-        procs[node.name] = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-    fan = _FanOut(procs)
-    tree, error = envstore.TreeHash(), ""
-    try:
-        for name, first in firsts.items():  # each node's own line first (Windows PCs)
-            if first:
-                fan.send_to(name, first)
-        fan.send(envstore.program())
-        write(fan, tree)
-        trailer = {"tree": tree.hexdigest(), "files": tree.files, "bytes": tree.bytes}
-        fan.send(envstore.frame(b"E", json.dumps(trailer).encode()))
-    except LoungeError as e:
-        error = str(e)
-    result = {}
-    for name, proc in procs.items():
-        try:
-            _, err = proc.communicate(timeout=300)  # closes stdin: the end of the stream
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            err = b"unpacking did not finish within 300 s"
-        except (BrokenPipeError, OSError, ValueError):
-            err = proc.stderr.read() if proc.wait(timeout=300) else b""
-        if name in fan.failed or proc.returncode != 0 or error:
-            why = err.decode(errors="replace").strip() or fan.failed.get(name) or error
-            result[name] = (f"failed: {why.splitlines()[-1] if why else 'unknown'}", 0)
-        else:
-            result[name] = ("shipped", round(tree.bytes / 2**20))
-    return result

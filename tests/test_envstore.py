@@ -1,6 +1,7 @@
-"""The node side of `lounge sync` (envstore.py), run for real on this machine: the same bootstrap
-command and program, the same framed stream, only bash in ssh's place. Small folders stand in
-for the environment, so these take seconds (tests/test_ssh.py ships the real one to nodes)."""
+"""The node side of `lounge sync` and `lounge stage` (envstore.put, treestore.py) with the
+sender (ship.py), run for real on this machine: the same bootstrap command and program, the
+same conversation, only bash in ssh's place. Small folders stand in for the environment and
+the data sets, so these take seconds (tests/test_ssh.py and test_stage.py ship to nodes)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_lounge import envstore, sync
-from jupyter_lounge.errors import LoungeError
+from jupyter_lounge import envstore, ship, sync
 
 FP = "0123456789abcdef"
 
@@ -31,7 +31,7 @@ class Here:
 
 
 @pytest.fixture
-def here(tmp_path, monkeypatch):
+def here(tmp_path, monkeypatch, lounge_dir):
     monkeypatch.setattr(sync, "base_python", lambda: sys.executable)
     return Here(tmp_path / "local")
 
@@ -43,85 +43,117 @@ def folder(tmp_path: Path, text: str = "hello") -> Path:
     (root / "bin" / "python").chmod(0o775)  # group-writable at the source: not on the node
     (root / "lib" / "pkg").mkdir(parents=True)
     (root / "lib" / "pkg" / "data.txt").write_text(text * 1000)
+    (root / "lib" / "pkg" / "other.txt").write_text("same in every version")
     (root / "lib" / "link").symlink_to("pkg")
     return root
 
 
-def sender(root: Path, damage: bool = False, stop_after: int | None = None):
-    """What _ship writes: ``root`` as the tar stream, hashed as it goes."""
+def ship_it(here, root, name=FP, kind="env", build=None, **how) -> dict:
+    def scan():
+        return ship.scan(ship.folder_pairs(root), private=kind == "data", what="test")
 
-    def write(out, tree: envstore.TreeHash) -> int:
-        with sync.TarSender(out, tree) as tar:
-            for i, path in enumerate(sorted(root.rglob("*"))):
-                if stop_after is not None and i == stop_after:
-                    raise LoungeError("every node's SSH session ended (simulated)")
-                tar.add(path, str(path.relative_to(root)))
-        if damage:
-            tree.data(b"one byte the node never got")
-        return tree.bytes
-
-    return write
-
-
-def ship(here, root, fp=FP, keep=2, **how) -> tuple[str, int]:
-    return sync._ship(
-        here.ssh_command, list(here.nodes.values()), fp, write=sender(root, **how), keep=keep
-    )["here"]
+    nodes = list(here.nodes.values())
+    return sync.put_tree(nodes, here.ssh_command, kind, name, build or scan, progress=False, **how)[
+        "here"
+    ]
 
 
 def leftovers(local: Path) -> list[str]:
-    envs = local / "envs"
-    return sorted(p.name for p in envs.iterdir() if p.name.startswith(".") and p.name != ".lock")
+    found = [p.name for p in (local / "store" / "tmp").iterdir()]
+    for sub in ("envs", "data"):
+        if (local / sub).exists():
+            found += [p.name for p in (local / sub).iterdir() if ".part-" in p.name]
+    return sorted(found)
 
 
 def test_an_environment_arrives_whole_and_only_then_is_in_place(here, tmp_path):
     root = folder(tmp_path)
-    status, mib = ship(here, root)
-    assert status == "shipped"
+    row = ship_it(here, root)
+    assert row["status"] == "shipped" and row["files"] == 3
     env = tmp_path / "local" / "envs" / FP
     assert (env / "lib" / "pkg" / "data.txt").read_text() == "hello" * 1000
     assert os.readlink(env / "lib" / "link") == "pkg"
-    assert (env / "bin" / "python").stat().st_mode & 0o777 == 0o755  # no group write
+    assert (env / "bin" / "python").stat().st_mode & 0o777 == 0o555  # nobody writes it
+    assert (env / "lib").stat().st_mode & 0o777 == 0o755
     marker = json.loads((env / envstore.MARKER).read_text())
     assert marker["fingerprint"] == FP and len(marker["tree"]) == 64
     assert leftovers(tmp_path / "local") == []
     assert (tmp_path / "local").stat().st_mode & 0o077 == 0  # made private
     assert envstore.check(str(tmp_path / "local"), FP) == {"state": "present"}
+    assert ship_it(here, root)["status"] == "present"  # asked, nothing sent
 
 
-def test_a_damaged_stream_is_refused_and_leaves_nothing(here, tmp_path):
-    status, _ = ship(here, folder(tmp_path), damage=True)
-    assert status.startswith("failed: jupyter_lounge on ") and "arrived damaged" in status
-    assert not (tmp_path / "local" / "envs" / FP).exists()
-    assert leftovers(tmp_path / "local") == []
-
-
-def test_an_interrupted_sync_leaves_nothing_half_there(here, tmp_path):
+def test_a_second_environment_ships_only_the_changed_file_and_the_manifest_change(here, tmp_path):
     root = folder(tmp_path)
-    status, _ = ship(here, root, stop_after=3)
-    assert status.startswith("failed:") and "ended early" in status, status
+    for i in range(200):  # a manifest that is not small
+        (root / "lib" / f"module_{i:03}.py").write_text(f"VALUE = {i}\n")
+    first = ship_it(here, root)
+    assert first["files"] == 203
+    (root / "lib" / "module_007.py").write_text("VALUE = 'changed'\n")
+    again = ship_it(here, root, name="f" * 16)
+    assert again["status"] == "shipped" and again["files"] == 1 and again["bytes"] == 18
+    assert again["wire"] < first["wire"] / 5 and again["wire"] < 4096  # only the delta
+    env = tmp_path / "local" / "envs" / ("f" * 16)
+    assert (env / "lib" / "module_007.py").read_text() == "VALUE = 'changed'\n"
+    old = tmp_path / "local" / "envs" / FP / "lib" / "module_008.py"
+    assert (env / "lib" / "module_008.py").stat().st_ino == old.stat().st_ino  # one copy
+
+
+def test_a_file_that_changed_after_hashing_is_refused_and_leaves_nothing(here, tmp_path):
+    root = folder(tmp_path)
+
+    def build():
+        tree = ship.scan(ship.folder_pairs(root), private=False, what="test")
+        (root / "lib" / "pkg" / "data.txt").write_text("jello" * 1000)  # same size
+        return tree
+
+    row = ship_it(here, root, build=build)
+    assert row["status"].startswith("failed: jupyter_lounge on ") and "arrived damaged" in row[
+        "status"]  # fmt: skip
     assert not (tmp_path / "local" / "envs" / FP).exists()
     assert leftovers(tmp_path / "local") == []
-    assert ship(here, root)[0] == "shipped"  # the next one just works
+
+
+def test_an_interrupted_sync_keeps_what_arrived_and_the_next_one_resumes(here, tmp_path):
+    root = folder(tmp_path)
+    for i in range(20):
+        (root / "lib" / f"part_{i:02}.bin").write_bytes(os.urandom(1000))
+    tree = ship.scan(ship.folder_pairs(root), private=False, what="test")
+    keys = sorted(tree.sizes)
+    victim = Path(tree.sources[keys[len(keys) // 2]])  # unreadable half way through
+    victim.chmod(0)
+    saved = victim.read_bytes()
+    victim.unlink()
+    row = ship_it(here, root, build=lambda: tree)
+    assert row["status"].startswith("failed:") and "could not be read here" in row["status"]
+    assert not (tmp_path / "local" / "envs" / FP).exists()
+    stored = list((tmp_path / "local" / "store" / "objects").rglob("*.*"))
+    assert 0 < len(stored) < len(keys)  # what arrived before is kept
+    victim.write_bytes(saved)
+    row = ship_it(here, root)
+    assert row["status"] == "shipped" and row["files"] == len(keys) - len(stored)
+    assert leftovers(tmp_path / "local") == []
 
 
 def test_an_environment_an_agent_runs_is_never_removed(here, tmp_path):
     envs = tmp_path / "local" / "envs"
     for i, fp in enumerate(("a" * 16, "b" * 16)):
-        assert ship(here, folder(tmp_path, f"v{i}"), fp=fp)[0] == "shipped"
+        assert ship_it(here, folder(tmp_path, f"v{i}"), name=fp)["status"] == "shipped"
         os.utime(envs / fp / envstore.MARKER, (1000 + i, 1000 + i))  # a older than b
     held = os.open(envs / ("a" * 16) / envstore.MARKER, os.O_RDONLY)
     fcntl.flock(held, fcntl.LOCK_SH)  # as launch() does for a running agent
     try:
-        assert ship(here, folder(tmp_path, "v2"), fp="c" * 16, keep=1)[0] == "shipped"
+        assert ship_it(here, folder(tmp_path, "v2"), name="c" * 16, keep=1)["status"] == "shipped"
         assert sorted(p.name for p in envs.iterdir() if not p.name.startswith(".")) == [
             "a" * 16,  # older, but in use
             "c" * 16,  # the new one
         ]
     finally:
         os.close(held)
-    assert ship(here, folder(tmp_path, "v3"), fp="d" * 16, keep=1)[0] == "shipped"
+    assert ship_it(here, folder(tmp_path, "v3"), name="d" * 16, keep=1)["status"] == "shipped"
     assert sorted(p.name for p in envs.iterdir() if not p.name.startswith(".")) == ["d" * 16]
+    objects = sorted((tmp_path / "local" / "store" / "objects").rglob("*.*"))
+    assert len(objects) == 3  # data.txt of v3, other.txt, python: the rest collected
 
 
 def test_a_store_someone_else_owns_is_refused(here, tmp_path):
@@ -131,9 +163,49 @@ def test_a_store_someone_else_owns_is_refused(here, tmp_path):
     os.chown(local / "envs", 65534, 65534)
     answer = envstore.check(str(local), FP)
     assert answer["state"] == "refused" and "belongs to nobody" in answer["problem"]
-    status, _ = ship(here, folder(tmp_path))
+    status = ship_it(here, folder(tmp_path))["status"]
     assert "environment store" in status and "belongs to nobody" in status
     assert list((local / "envs").iterdir()) == []
+
+
+def test_a_data_set_is_the_owners_alone_and_changes_whole(here, tmp_path):
+    root = tmp_path / "tissue"
+    (root / "slides").mkdir(parents=True)
+    (root / "slides" / "a.png").write_bytes(b"A" * 5000)
+    (root / "labels.csv").write_text("a,1\n")
+    assert ship_it(here, root, name="tissue", kind="data")["status"] == "shipped"
+    data = tmp_path / "local" / "data"
+    first = (data / "tissue").resolve()
+    assert (data / "tissue" / "slides" / "a.png").read_bytes() == b"A" * 5000
+    for path in [first, *first.rglob("*")]:
+        assert path.stat().st_mode & 0o077 == 0, path  # nothing for other users
+    assert ship_it(here, root, name="tissue", kind="data")["status"] == "present"
+    (root / "labels.csv").write_text("a,2\n")
+    row = ship_it(here, root, name="tissue", kind="data")
+    assert row["status"] == "shipped" and row["files"] == 1
+    assert (data / "tissue" / "labels.csv").read_text() == "a,2\n" and first.exists()
+    (root / "labels.csv").write_text("a,3\n")
+    assert ship_it(here, root, name="tissue", kind="data")["status"] == "shipped"
+    assert not first.exists()  # two versions kept: the current one and the one before
+    status = ship_it(here, root, name="no-such name", kind="data")["status"]
+    assert "cannot name a data set" in status
+
+
+def test_a_node_without_room_says_so_with_the_numbers(here, tmp_path):
+    local = tmp_path / "local"
+    local.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300m,mode=0700", "tmpfs", str(local)],
+                   check=True)  # fmt: skip
+    try:
+        root = tmp_path / "big"
+        root.mkdir()
+        (root / "weights.bin").write_bytes(os.urandom(100 * 2**20))
+        status = ship_it(here, root, name="big", kind="data")["status"]
+        assert "this node has 300 MiB free in" in status, status
+        assert "needs 101 MiB more (plus 256 MiB to spare)" in status
+        assert not (local / "data").exists()
+    finally:
+        subprocess.run(["umount", str(local)], check=True)
 
 
 def test_launch_checks_the_environment_before_running_it(here, tmp_path):
@@ -141,7 +213,7 @@ def test_launch_checks_the_environment_before_running_it(here, tmp_path):
     environment is refused before its python runs."""
     root = folder(tmp_path)
     (root / "bin" / "python").write_text('#!/bin/sh\necho RAN "$@"\n')
-    assert ship(here, root)[0] == "shipped"
+    assert ship_it(here, root)["status"] == "shipped"
     env = tmp_path / "local" / "envs" / FP
 
     def launch() -> subprocess.CompletedProcess:

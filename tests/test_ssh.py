@@ -280,12 +280,16 @@ def test_node_power_cut_mid_map_loses_no_item(kind, lounge_toml, lounge_dir):
 
 
 @pytest.mark.slow
-def test_lounge_sync_ships_once_then_agents_run_the_prepositioned_python(lounge_toml, lounge_dir):
+def test_lounge_sync_ships_once_then_agents_run_the_prepositioned_python(
+    lounge_toml, lounge_dir, tmp_path, monkeypatch
+):
     """`lounge sync` puts this virtualenv (jupyter_lounge included, editable here) on each
-    node's own disk; a second sync ships nothing; `--sync` starts run that python."""
+    node's own disk; a second sync ships nothing; `--sync` starts run that python; an
+    environment that differs by one file ships that file."""
     import shutil
 
-    shutil.rmtree(TESTBED / "local" / "node1" / "lounge" / "envs", ignore_errors=True)
+    for folder in ("envs", "store"):  # node1 has nothing of it: all of it travels
+        shutil.rmtree(TESTBED / "local" / "node1" / "lounge" / folder, ignore_errors=True)
     cmd = [sys.executable, "-m", "jupyter_lounge.cli", "sync", "--json", "--pool", "gpu"]
     cmd += ["--inventory", lounge_toml["inventory"]]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -325,6 +329,20 @@ def test_lounge_sync_ships_once_then_agents_run_the_prepositioned_python(lounge_
     finally:
         cluster.stop_sync()
     nothing_left_on_the_nodes()
+
+    from jupyter_lounge import sync
+    from jupyter_lounge._loop import run_sync
+    from jupyter_lounge.backends import make_backend
+
+    edited = tmp_path / "edited.py"  # one more source file: a new environment, one file new
+    edited.write_text("EDITED = True\n")
+    pairs = sync.env_pairs
+    monkeypatch.setattr(sync, "env_pairs", lambda: [*pairs(), ("lib/edited.py", edited)])
+    monkeypatch.setattr(sync, "fingerprint", lambda: "e" * 16)
+    backend = make_backend("ssh", inventory=lounge_toml["inventory"])
+    rows = run_sync(backend.sync_env(["node1", "node2", "node3"], progress=False))
+    assert [(r["status"], r["files"]) for r in rows] == [("shipped", 1)] * 3
+    assert all(r["MiB"] < 0.01 for r in rows)
 
 
 def test_two_runs_on_two_pools_place_items_only_on_their_pools(lounge_toml, lounge_dir):

@@ -153,13 +153,15 @@ class SSHBackend(Configurable, Backend):
             cmd += ["-l", node.user]
         return [*cmd, "--", node.host]  # then the remote command: one word, already quoted
 
-    async def sync_env(self, names: list[str] | None = None, force: bool = False) -> list[dict]:
+    async def sync_env(
+        self, names: list[str] | None = None, force: bool = False, progress: bool = True
+    ) -> list[dict]:
         """Preposition this environment on the nodes (see ``jupyter_lounge.sync``); the agents
         started after it run the prepositioned python."""
         from ..sync import sync
 
         nodes = [self.nodes[n] for n in (list(self.nodes) if names is None else names)]
-        return await sync(nodes, self.ssh_command, force)
+        return await sync(nodes, self.ssh_command, force, progress)
 
     async def place(self, agents: list[dict], cdir: Path, cluster: str) -> None:
         from .. import sync

@@ -1,0 +1,340 @@
+"""Shipping a tree of files to nodes by content: the sender's side of ``lounge sync`` and
+``lounge stage`` (treestore.py and ``envstore.put`` are the node's).
+
+One SSH session per node runs the node program's ``put``; the conversation on it:
+
+1. the node says whether it has the tree already (an environment, by fingerprint) and which
+   trees it keeps manifests of;
+2. we send the manifest: only what changed since one of those trees when we remember its
+   manifest (``<lounge dir>/cache/trees``), else all of it; the node checks the result adds
+   up to the tree's id;
+3. the node says which objects (files, by content) it lacks, and whether its disk has room;
+4. we send them: nodes that lack the same objects get one stream, written to all their
+   sessions at once, with a progress bar per stream (bytes and files);
+5. the node checks each object's hash, links the tree in place and says so.
+
+Files are hashed once: ``<lounge dir>/cache/hashes-<what>.json`` remembers each path's sha256
+by its size, mtime and inode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import stat
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import envstore, treestore
+from .errors import LoungeError
+from .protocol import read_json, write_json
+
+HELLO_S = 60.0  # the node program to start and look (ssh, python, the store's lock)
+MANIFEST_S = 300.0  # the node to check a manifest's objects against its store
+FINISH_S = 600.0  # the node to link the tree and remove old ones
+CHUNK = 1 << 20
+TREES_KEPT = 16  # manifests remembered here, the newest
+
+
+@dataclass
+class Tree:
+    """What to ship: the manifest's entries, its id, and where each object's bytes are."""
+
+    entries: list
+    id: str
+    sources: dict[str, str] = field(default_factory=dict)  # object key -> a local path
+    sizes: dict[str, int] = field(default_factory=dict)  # object key -> bytes
+    mtimes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def files(self) -> int:
+        return sum(1 for e in self.entries if e[1] == "f")
+
+    @property
+    def bytes(self) -> int:
+        return sum(e[3] for e in self.entries if e[1] == "f")
+
+
+def _cache_dir() -> Path:
+    from .paths import lounge_dir
+
+    path = lounge_dir() / "cache"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def scan(pairs, private: bool, what: str) -> Tree:
+    """The tree of ``pairs`` ((name in the tree, local path), folders before what is in them):
+    files hashed unless their size, mtime and inode are as when last hashed. ``private``: the
+    owner alone may read it on the node (data sets); else others may read, not change it.
+    Every file is read-only on the node (its object is shared by every tree that has it)."""
+    cache_path = _cache_dir() / f"hashes-{what}.json"
+    cache = read_json(cache_path) or {}
+    fresh = {}
+    file_mask, dir_mask = (0o500, 0o700) if private else (0o555, 0o755)
+    entries, tree = [], Tree([], "")
+    for name, path in pairs:
+        st = os.lstat(path)
+        mode, mtime = st.st_mode, int(st.st_mtime)
+        if stat.S_ISLNK(mode):
+            entries.append([name, "l", 0, 0, os.readlink(path), mtime])
+        elif stat.S_ISDIR(mode):
+            entries.append([name, "d", (mode & dir_mask) | 0o700, 0, "", mtime])
+        elif stat.S_ISREG(mode):
+            stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+            known = cache.get(str(path))
+            sha = known[3] if known and known[:3] == stamp else sha256_file(path)
+            fresh[str(path)] = [*stamp, sha]
+            entry = [name, "f", (mode & file_mask) | 0o400, st.st_size, sha, mtime]
+            entries.append(entry)
+            key = treestore.object_key(entry)
+            tree.sources.setdefault(key, str(path))
+            tree.sizes[key] = st.st_size
+            tree.mtimes.setdefault(key, mtime)
+    if fresh != cache:
+        write_json(cache_path, fresh)
+    tree.entries, tree.id = entries, treestore.tree_id(entries)
+    return tree
+
+
+def folder_pairs(root: Path):
+    """(name, path) of everything under ``root``, sorted, folders before their contents."""
+    for here, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in (*dirs, *sorted(files)):
+            path = Path(here) / name
+            if name in dirs and path.is_symlink():
+                dirs.remove(name)  # a symlinked folder travels as the link
+            yield str(path.relative_to(root)), path
+
+
+def remember(tree: Tree) -> None:
+    folder = _cache_dir() / "trees"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / f"{tree.id}.z"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(treestore.pack(tree.entries))
+        os.replace(tmp, path)
+    os.utime(path)
+    kept = sorted(folder.glob("*.z"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in kept[TREES_KEPT:]:
+        old.unlink(missing_ok=True)
+
+
+def recalled(tid: str) -> list | None:
+    path = _cache_dir() / "trees" / f"{tid}.z"
+    try:
+        return treestore.unpack(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+class Session:
+    """One node's SSH session running the node program's ``put``."""
+
+    def __init__(self, name: str, command: list[str], first: bytes):
+        self.name = name
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        self.buf = b""
+        self.failed: str | None = None
+        self.sent = 0
+        self.send(first + envstore.program())
+        self.program = self.sent
+
+    def send(self, data: bytes) -> None:
+        if self.failed:
+            return
+        try:
+            self.proc.stdin.write(data)
+            self.sent += len(data)
+        except (BrokenPipeError, OSError):
+            self.fail("the SSH session ended")
+
+    def frame(self, kind: bytes, payload: bytes) -> None:
+        self.send(envstore.frame(kind, payload))
+
+    def answer(self, timeout: float, doing: str) -> dict | None:
+        """The node's next line, parsed; None (and ``failed`` says why) when there is none."""
+        if self.failed:
+            return None
+        try:
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                self.fail(f"no answer within {timeout:g} s while {doing}")
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                self.fail(self._said() or "the SSH session ended")
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        try:
+            return json.loads(line)
+        except ValueError:
+            self.fail(f"the node answered {line[-200:]!r}")
+            return None
+
+    def _said(self) -> str:
+        try:
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+            err = self.proc.stderr.read().decode(errors="replace").strip()
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            err = ""
+        if self.proc.returncode == 127:
+            return "exit code 127"
+        return err.splitlines()[-1] if err else ""
+
+    def fail(self, why: str) -> None:
+        if not self.failed:
+            self.failed = why
+            self.close()
+
+    def close(self) -> None:
+        for stream in (self.proc.stdin,):
+            try:
+                stream.close()
+            except (BrokenPipeError, OSError):
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def ship(
+    sessions: dict[str, Session],
+    build,
+    *,
+    force: bool = False,
+    keep: int = 2,
+    progress: bool = True,
+) -> dict[str, dict]:
+    """Hold the conversation with every node at once (see the module's doc); ``build()``
+    gives the Tree, called only when a node lacks it. node -> {status, files, bytes}."""
+    rows = {name: {"status": "", "files": 0, "bytes": 0} for name in sessions}
+    live = {}
+    for name, s in sessions.items():
+        hello = s.answer(HELLO_S, "starting")
+        if hello is None:
+            continue
+        if hello["state"] == "present":
+            rows[name]["status"] = "present"
+            s.close()
+        else:
+            live[name] = (s, hello)
+    tree = build() if live else None
+    asked = {}
+    for name, (s, hello) in live.items():
+        base = next((t for t in hello["have"] if t != tree.id and recalled(t) is not None), None)
+        if tree.id in hello["have"]:
+            base = tree.id
+        change = {"tree": tree.id, "keep": keep}
+        if base is not None:
+            change |= {"base": base, **treestore.delta(recalled(base), tree.entries)}
+        else:
+            change |= {"base": None, "set": tree.entries, "del": []}
+        s.frame(b"M", treestore.pack(change))
+        said = s.answer(MANIFEST_S, "checking the manifest")
+        if said and said["state"] == "resend":
+            full = {"tree": tree.id, "keep": keep, "base": None, "set": tree.entries, "del": []}
+            s.frame(b"M", treestore.pack(full))
+            said = s.answer(MANIFEST_S, "checking the manifest")
+        if said is None:
+            continue
+        if said["state"] == "present":
+            rows[name]["status"] = "present"
+            s.close()
+        elif said["state"] == "missing":
+            asked[name] = said["missing"]
+    groups: dict[tuple, list[str]] = {}
+    for name, missing in asked.items():
+        groups.setdefault(tuple(sorted(missing)), []).append(name)
+    for keys, names in groups.items():
+        _send_objects(tree, keys, [sessions[n] for n in names], progress)
+        for name in names:
+            rows[name]["files"], rows[name]["bytes"] = len(keys), sum(tree.sizes[k] for k in keys)
+    for name in asked:
+        s = sessions[name]
+        done = s.answer(FINISH_S, "linking the tree")
+        if done is not None:
+            rows[name]["status"] = "shipped"
+            s.close()
+    if tree is not None and any(r["status"] == "shipped" for r in rows.values()):
+        remember(tree)
+    for name, s in sessions.items():
+        if s.failed:
+            rows[name] |= {"status": f"failed: {s.failed}", "files": 0, "bytes": 0}
+        s.close()
+        rows[name]["wire"] = s.sent - s.program  # all that went to the node but the program
+    return rows
+
+
+def _send_objects(tree: Tree, keys, sessions: list[Session], progress: bool) -> None:
+    """One stream of these objects to all these sessions (the same bytes to each)."""
+    total = sum(tree.sizes[k] for k in keys)
+    bar = None
+    if progress and keys:
+        from tqdm.auto import tqdm
+
+        names = ", ".join(s.name for s in sessions)
+        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                   desc=f"{names}: {len(keys)} files")  # fmt: skip
+
+    def send(kind: bytes, payload: bytes) -> None:
+        data = envstore.frame(kind, payload)
+        for s in sessions:
+            s.send(data)
+        if all(s.failed for s in sessions):
+            raise LoungeError("every node's SSH session ended while shipping")
+
+    try:
+        for i, key in enumerate(keys):
+            head = {"key": key, "size": tree.sizes[key], "mtime": tree.mtimes.get(key)}
+            send(b"O", json.dumps(head).encode())
+            left = tree.sizes[key]
+            with open(tree.sources[key], "rb") as f:
+                while left and (chunk := f.read(min(CHUNK, left))):
+                    send(b"D", chunk)
+                    left -= len(chunk)
+                    if bar is not None:
+                        bar.update(len(chunk))
+            if left:
+                raise OSError(f"it is {left} bytes shorter than when it was hashed")
+            if bar is not None:
+                bar.set_postfix_str(f"{i + 1}/{len(keys)} files", refresh=False)
+        send(b"E", b"{}")
+    except LoungeError:
+        pass
+    except OSError as e:  # a file changed under us: the node keeps what arrived
+        for s in sessions:
+            s.fail(f"{tree.sources.get(key, '?')} could not be read here: {e}")
+    finally:
+        if bar is not None:
+            bar.close()

@@ -1,0 +1,410 @@
+"""Trees of files on a node's own disk, stored by content: the node's side of ``lounge sync``
+(environments) and ``lounge stage`` (data sets).
+
+Every file is kept once per node as an object named by its sha256 and mode
+(``<local_dir>/store/objects/ab/abcd....644``); an environment or a data set is a folder of
+hard links to those objects, described by its manifest: one entry per path, ``[path, kind,
+mode, size, ref, mtime]`` with kind ``d`` (folder), ``f`` (file; ref = its sha256) or ``l``
+(symbolic link; ref = the target). A tree's id is the sha256 of its manifest, so a node that
+has a tree has all of it, and a second sync ships only the objects a node lacks. The manifest
+of each tree a node holds is kept (``store/trees/<id>.z``), so a sender that remembers it
+sends only the entries that changed.
+
+An object is written to a temporary file, its hash checked, and only then renamed into place;
+a tree is linked together in a temporary folder and renamed into place whole. So an
+interrupted sync leaves objects that the next one does not send again, and never a half tree.
+Objects no tree links to any more (link count 1) are removed when a tree is.
+
+Standard library only, no import of this package: sent as source with trust.py, like
+envstore.py, to nodes that have nothing but a base Python; the Slurm node agent imports it to
+copy data sets from the shared file system.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import zlib
+
+try:
+    from .trust import private_dir
+except ImportError:  # sent as source after trust.py's: its names are already here
+    pass
+
+STORE_LOCK_WAIT_S = 600.0
+#: room left free on a node's disk after a sync, on top of what it writes
+SPARE_MIB = 256
+#: a folder the tree's owner alone may read (data sets); environments are readable
+PRIVATE, SHARED = 0o700, 0o755
+
+
+class StoreError(Exception):
+    """What went wrong on the node, in one sentence for the researcher."""
+
+
+# -- manifests ----------------------------------------------------------------------------------
+def tree_id(entries: list) -> str:
+    """The id of the tree these entries describe (order-independent)."""
+    h = hashlib.sha256()
+    for entry in sorted(entries):
+        h.update(json.dumps(entry, separators=(",", ":")).encode("utf-8", "surrogateescape"))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def object_key(entry: list) -> str:
+    """An entry's object: its content hash and mode (hard links share one mode)."""
+    return f"{entry[4]}.{entry[2]:o}"
+
+
+def pack(data) -> bytes:
+    return zlib.compress(json.dumps(data, separators=(",", ":")).encode("utf-8", "surrogateescape"))
+
+
+def unpack(blob: bytes):
+    return json.loads(zlib.decompress(blob).decode("utf-8", "surrogateescape"))
+
+
+def delta(base: list, new: list) -> dict:
+    """What turns the manifest ``base`` into ``new``: entries set and paths removed."""
+    old = {e[0]: e for e in base}
+    paths = {e[0] for e in new}
+    return {
+        "set": [e for e in new if old.get(e[0]) != e],
+        "del": sorted(p for p in old if p not in paths),
+    }
+
+
+def apply_delta(base: list, change: dict) -> list:
+    entries = {e[0]: e for e in base}
+    for path in change["del"]:
+        entries.pop(path, None)
+    for e in change["set"]:
+        entries[e[0]] = e
+    return list(entries.values())
+
+
+def safe_path(name: str) -> str:
+    parts = name.split("/")
+    if not name or name.startswith("/") or ".." in parts or "" in parts or "." in parts:
+        raise StoreError(f"refusing a path outside the tree: {name!r}")
+    return name
+
+
+# -- the store ----------------------------------------------------------------------------------
+class Store:
+    """The objects and manifests under ``root`` (a folder of ours alone), and the trees made
+    of them. Use it as a context manager: it holds the store's lock while open."""
+
+    def __init__(self, root: str, what: str = "local_dir"):
+        self.root = root
+        private_dir(root, what)
+        self.store = private_dir(os.path.join(root, "store"), "object store")
+        self.objects = private_dir(os.path.join(self.store, "objects"), "object store")
+        self.trees = private_dir(os.path.join(self.store, "trees"), "object store")
+        self.tmp = private_dir(os.path.join(self.store, "tmp"), "object store")
+        self._lock = None
+
+    def __enter__(self) -> Store:
+        import fcntl
+
+        fd = os.open(os.path.join(self.store, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
+                     0o600)  # fmt: skip
+        deadline = time.monotonic() + STORE_LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise StoreError(
+                        f"another sync held {self.store} for {STORE_LOCK_WAIT_S:g} s; try again"
+                    ) from None
+                time.sleep(0.2)
+        self._lock = fd
+        for name in os.listdir(self.tmp):  # what an interrupted sync left: we hold the lock
+            try:
+                os.unlink(os.path.join(self.tmp, name))
+            except IsADirectoryError:
+                shutil.rmtree(os.path.join(self.tmp, name), ignore_errors=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self._lock)
+        self._lock = None
+
+    # objects
+    def path(self, key: str) -> str:
+        return os.path.join(self.objects, key[:2], key)
+
+    def has(self, key: str) -> bool:
+        return os.path.isfile(self.path(key))
+
+    def missing(self, entries: list) -> dict[str, int]:
+        """The objects of these entries the store lacks: key -> size."""
+        out = {}
+        for e in entries:
+            if e[1] == "f" and e[4] not in out:
+                key = object_key(e)
+                if key not in out and not self.has(key):
+                    out[key] = e[3]
+        return out
+
+    def free_mib(self) -> int:
+        return shutil.disk_usage(self.store).free // 2**20
+
+    def check_room(self, need_bytes: int, where: str) -> None:
+        free = self.free_mib()
+        need = need_bytes // 2**20 + 1
+        if need + SPARE_MIB > free:
+            raise StoreError(
+                f"{where} has {free} MiB free in {self.root} and this needs {need} MiB more "
+                f"(plus {SPARE_MIB} MiB to spare): free space there, or give the node a "
+                "local_dir on a bigger disk"
+            )
+
+    def put_object(self, key: str, chunks, mtime: float | None = None) -> int:
+        """Write an object from ``chunks`` (bytes), checking its hash; return its size."""
+        sha, mode = key.rsplit(".", 1)
+        fd, tmp = _temp(self.tmp)
+        h, size = hashlib.sha256(), 0
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for chunk in chunks:
+                    h.update(chunk)
+                    size += len(chunk)
+                    out.write(chunk)
+            if h.hexdigest() != sha:
+                raise StoreError(f"a file arrived damaged (its sha256 is not {sha[:12]}...)")
+            os.chmod(tmp, int(mode, 8))
+            if mtime is not None:
+                os.utime(tmp, (mtime, mtime))
+            os.makedirs(os.path.dirname(self.path(key)), 0o700, exist_ok=True)
+            os.replace(tmp, self.path(key))
+        except OSError as e:
+            _unlink(tmp)
+            if e.errno == 28:  # ENOSPC
+                raise StoreError(
+                    f"the disk of {self.root} filled up ({self.free_mib()} MiB free): free space "
+                    "there, or give the node a local_dir on a bigger disk"
+                ) from None
+            raise
+        except BaseException:
+            _unlink(tmp)
+            raise
+        return size
+
+    # manifests
+    def save_manifest(self, tid: str, entries: list) -> None:
+        fd, tmp = _temp(self.tmp)
+        with os.fdopen(fd, "wb") as f:
+            f.write(pack(entries))
+        os.replace(tmp, os.path.join(self.trees, tid + ".z"))
+
+    def manifest(self, tid: str) -> list | None:
+        try:
+            with open(os.path.join(self.trees, tid + ".z"), "rb") as f:
+                return unpack(f.read())
+        except (OSError, ValueError, zlib.error):
+            return None
+
+    # trees
+    def link_tree(self, entries: list, into: str, folder_mode: int, extra=None) -> None:
+        """Make the tree of ``entries`` at ``into`` (which must not exist): hard links to the
+        objects, made in a temporary folder beside it (with the files ``extra``: name ->
+        bytes) and renamed into place."""
+        tmp = into + f".part-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.mkdir(tmp, 0o700)
+        try:
+            folders = []
+            for e in sorted(entries, key=lambda e: e[0]):
+                dest = os.path.join(tmp, safe_path(e[0]))
+                if e[1] == "d":
+                    os.makedirs(dest, 0o700, exist_ok=True)
+                    folders.append((dest, e))
+                    continue
+                os.makedirs(os.path.dirname(dest), 0o700, exist_ok=True)
+                if e[1] == "f":
+                    os.link(self.path(object_key(e)), dest)
+                elif e[1] == "l":
+                    os.symlink(e[4], dest)
+            for dest, e in reversed(folders):  # the deepest first: parents stay writable
+                os.chmod(dest, e[2] & folder_mode)
+                os.utime(dest, (e[5], e[5]))
+            for name, data in (extra or {}).items():
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(data)
+            os.chmod(tmp, folder_mode)
+            os.rename(tmp, into)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def collect(self, keep_trees: set[str]) -> int:
+        """Remove manifests not in ``keep_trees`` and objects no tree links to; the count."""
+        for name in os.listdir(self.trees):
+            if name.endswith(".z") and name[:-2] not in keep_trees:
+                _unlink(os.path.join(self.trees, name))
+        removed = 0
+        for sub in os.listdir(self.objects):
+            folder = os.path.join(self.objects, sub)
+            for name in os.listdir(folder):
+                path = os.path.join(folder, name)
+                try:
+                    if os.lstat(path).st_nlink == 1:
+                        os.unlink(path)
+                        removed += 1
+                except FileNotFoundError:
+                    pass
+        return removed
+
+
+def remove_tree(path: str) -> None:
+    """Remove a tree folder, whatever modes its folders have."""
+    for root, dirs, _ in os.walk(path):
+        for d in dirs:
+            full = os.path.join(root, d)
+            if not os.path.islink(full):
+                os.chmod(full, 0o700)
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.chmod(path, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _temp(folder: str) -> tuple[int, str]:
+    import tempfile
+
+    return tempfile.mkstemp(dir=folder, prefix="obj-")
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def read_chunks(path: str, size: int = 1 << 20):
+    with open(path, "rb") as f:
+        while chunk := f.read(size):
+            yield chunk
+
+
+# -- data sets ----------------------------------------------------------------------------------
+DATA_NAME_RE = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
+DATA_KEEP = 2  # versions of a data set kept: the current one and the one before
+
+
+def data_dir(root: str) -> str:
+    return os.path.join(root, "data")
+
+
+def data_current(root: str, name: str) -> str | None:
+    """The tree id of data set ``name`` under ``root`` now, or None."""
+    try:
+        target = os.readlink(os.path.join(data_dir(root), name))
+    except OSError:
+        return None
+    return target.rsplit(".", 1)[-1] if target.startswith(f".{name}.") else None
+
+
+def data_sets(root: str) -> list[dict]:
+    """Every data set under ``root``: name, tree, path, files, bytes, time."""
+    folder = data_dir(root)
+    out = []
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return out
+    for name in names:
+        link = os.path.join(folder, name)
+        if name.startswith(".") or not os.path.islink(link):
+            continue
+        tid = data_current(root, name)
+        files = size = 0
+        for r, _, fs in os.walk(os.path.realpath(link)):
+            for f in fs:
+                files += 1
+                size += os.lstat(os.path.join(r, f)).st_size
+        out.append({"name": name, "tree": tid, "path": os.path.realpath(link), "files": files,
+                    "bytes": size, "time": os.lstat(link).st_mtime})  # fmt: skip
+    return out
+
+
+def switch_data(store: Store, name: str, tid: str, entries: list) -> str:
+    """Make tree ``tid`` data set ``name`` (linking it when it is not there yet), keep the
+    version before, remove older ones; the data set's folder."""
+    folder = private_dir(data_dir(store.root), "data folder")
+    versioned = os.path.join(folder, f".{name}.{tid}")
+    if not os.path.isdir(versioned):
+        store.link_tree(entries, versioned, PRIVATE)
+    link = os.path.join(folder, name)
+    tmp = link + f".new-{os.getpid()}"
+    _unlink(tmp)
+    os.symlink(f".{name}.{tid}", tmp)
+    os.replace(tmp, link)  # readers see the old version or the new one, never neither
+    _prune_data(store, name)
+    return versioned
+
+
+def _prune_data(store: Store, name: str) -> None:
+    folder = data_dir(store.root)
+    current = data_current(store.root, name)
+    versions = []
+    for entry in os.listdir(folder):
+        if entry.startswith(f".{name}.") and not entry.startswith(f".{name}.new-"):
+            tid = entry[len(name) + 2 :]
+            if ".part-" in tid:
+                remove_tree(os.path.join(folder, entry))  # an interrupted link
+                continue
+            versions.append((tid == current, os.lstat(os.path.join(folder, entry)).st_mtime, tid))
+    versions.sort(reverse=True)
+    gone = False
+    for _, _, tid in versions[DATA_KEEP:]:
+        remove_tree(os.path.join(folder, f".{name}.{tid}"))
+        gone = True
+    if gone:
+        store.collect(trees_in_use(store.root))
+
+
+def remove_data(root: str, name: str) -> bool:
+    """Remove data set ``name`` and every version of it; whether there was one."""
+    folder = data_dir(root)
+    if not os.path.isdir(folder):
+        return False
+    with Store(root) as store:
+        found = False
+        for entry in os.listdir(folder):
+            if entry == name or entry.startswith(f".{name}."):
+                path = os.path.join(folder, entry)
+                if os.path.islink(path):
+                    os.unlink(path)
+                else:
+                    remove_tree(path)
+                found = True
+        store.collect(trees_in_use(root))
+    return found
+
+
+def trees_in_use(root: str) -> set[str]:
+    """The ids of every tree under ``root`` (environments and data sets)."""
+    ids = set()
+    folder = data_dir(root)
+    if os.path.isdir(folder):
+        for entry in os.listdir(folder):
+            if entry.startswith(".") and ".part-" not in entry and ".new-" not in entry:
+                ids.add(entry.rsplit(".", 1)[-1])
+    envs = os.path.join(root, "envs")
+    if os.path.isdir(envs):
+        for entry in os.listdir(envs):
+            try:
+                with open(os.path.join(envs, entry, ".lounge-env")) as f:
+                    ids.add(json.load(f).get("tree", ""))
+            except (OSError, ValueError):
+                pass
+    return ids
