@@ -14,6 +14,7 @@ __all__ = [
     "current",
     "run",
     "runs",
+    "data",
     "load_ipython_extension",
 ]
 
@@ -31,6 +32,10 @@ def __getattr__(name: str):
         from . import runstore
 
         return getattr(runstore, name)
+    if name == "data":  # in an engine: a staged data set's folder on its node (stage.py)
+        from .stage import data
+
+        return data
     if name == "ClusterManager":
         from .manager import ClusterManager
 

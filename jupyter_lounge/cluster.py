@@ -52,6 +52,7 @@ class Cluster:
         tls: bool = True,
         dashboard: bool = False,
         courtesy: dict | bool | None = None,
+        stage: dict | list | str | None = None,
         stop_at_exit: bool = True,
         **backend_options,
     ):
@@ -89,6 +90,7 @@ class Cluster:
             raise LoungeError("--dashboard is Dask's: add --engines dask, or leave it out.")
         self.dashboard = bool(dashboard)
         self.courtesy = _courtesy_policy(courtesy)
+        self.stage = _stage_option(stage)  # data set name -> its folder here
         self.stop_at_exit = stop_at_exit
         self.agents: list[dict] = []
         self.controller_pid: int | None = None
@@ -150,6 +152,7 @@ class Cluster:
             "tls": self.tls,
             "dashboard": self.dashboard,
             "courtesy": self.courtesy,
+            "stage": self.stage,
         }
 
     def save(self) -> None:
@@ -185,6 +188,7 @@ class Cluster:
             tls=data["tls"],
             dashboard=data.get("dashboard", False),
             courtesy=data.get("courtesy"),
+            stage=data.get("stage"),
             stop_at_exit=False,
             **data.get("backend_options", {}),
         )
@@ -295,7 +299,12 @@ class Cluster:
         cdir = self.dir
         alloc, agents = self.next_alloc, []
         self.next_alloc += 1
-        for task, (node, k) in enumerate(self.backend.plan(count, nodes)):
+        planned = self.backend.plan(count, nodes)
+        staged = {}  # what the agents' specs say of the data sets (each backend its way)
+        if self.stage:
+            names = sorted({node for node, _ in planned if node})
+            staged = await self.backend.stage_data(self.stage, names, cdir)
+        for task, (node, k) in enumerate(planned):
             ranks = list(range(self.next_rank, self.next_rank + k))
             self.next_rank += k
             key = f"{alloc}.{task}"
@@ -303,7 +312,7 @@ class Cluster:
                 f: str(cdir / f"agent-{key}.{f}") for f in ("spec", "control", "report", "log")
             }
             protocol.write_control(files["control"], protocol.Control(ranks=ranks, size=self.n))
-            protocol.write_spec(files["spec"], self._agent_spec(key, node, files))
+            protocol.write_spec(files["spec"], self._agent_spec(key, node, files, staged))
             agents.append(
                 {
                     "key": key,
@@ -319,7 +328,9 @@ class Cluster:
         await self.backend.place(agents, cdir, self.name)
         self.save()
 
-    def _agent_spec(self, key: str, node: str | None, files: dict) -> protocol.Spec:
+    def _agent_spec(
+        self, key: str, node: str | None, files: dict, staged: dict | None = None
+    ) -> protocol.Spec:
         cdir = self.dir
         return protocol.Spec(
             cluster=self.name,
@@ -341,6 +352,7 @@ class Cluster:
                 "tls_dir": str(cdir) if self.tls else None,
             },
             **self.backend.spec_for(node),
+            **(staged or {}),
         )
 
     # -- waiting -------------------------------------------------------------------------------
@@ -810,6 +822,29 @@ def ensure_name_free(name: str) -> dict | None:
     if old is not None and in_use(old):
         raise name_in_use(name)
     return old
+
+
+def _stage_option(stage) -> dict[str, str]:
+    """``--stage NAME=DIR`` (repeated, or a list of them, or {NAME: DIR}): data set name ->
+    the folder's absolute path here; each checked."""
+    from .stage import check_name, source_folder
+
+    if not stage:
+        return {}
+    if isinstance(stage, str):
+        stage = [stage]
+    if isinstance(stage, (list, tuple)):
+        pairs = {}
+        for item in stage:
+            name, eq, folder = str(item).partition("=")
+            if not eq or not folder:
+                raise LoungeError(
+                    f"--stage {item!r} is not NAME=DIR: say which folder is which data set, "
+                    "e.g. --stage tissue=/shared/tissue"
+                )
+            pairs[name] = folder
+        stage = pairs
+    return {check_name(name): str(source_folder(folder)) for name, folder in stage.items()}
 
 
 def _courtesy_policy(courtesy) -> dict | None:

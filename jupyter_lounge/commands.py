@@ -20,6 +20,7 @@ USAGE = """\
                [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart] [--courtesy]
                [--dashboard] (Dask's, on loopback)  [--no-tls] (local only: no encryption)
                [--dry-run] (Slurm: print the batch script it would submit; start nothing)
+               [--stage NAME=DIR] (a data set on each node's disk: lounge.data("NAME"))
 {slurm}
 %lounge scale N [--name NAME]     %lounge status [NAME]     %lounge list
 %lounge stop [NAME] [--forget]    %lounge attach NAME
@@ -28,6 +29,8 @@ USAGE = """\
 %lounge nodes [--pool P] [--live] [--json] [--inventory lounge.toml]   (the lounge's PCs)
 %lounge sync [--pool P] [--inventory lounge.toml] [--force]   (ship this env to them once)
 %lounge doctor [NODE] [--pool P] [--inventory lounge.toml] [--quick] [--json]   (ready?)
+%lounge stage DIR [--name NAME] [--pool P] [--force]   (a data set on each node's own disk)
+%lounge stage --list | --remove NAME  [--pool P] [--inventory lounge.toml] [--json]
 %lounge runs [CLUSTER]            (each map is a run: its progress, kept after a stop)
 %lounge run NAME [--cluster C] [--csv FILE] [--wait] [--cancel] [--delete]
 %%lounge [NAME]                   (as a cell magic: run the cell on every engine)"""
@@ -130,6 +133,7 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     start.add_argument("--dashboard", action="store_true")
     start.add_argument("--courtesy", action="store_true")
     start.add_argument("--dry-run", action="store_true")  # print the job script only
+    start.add_argument("--stage", action="append", metavar="NAME=DIR")  # data sets
     for option in backend_options.start_options():
         _add_flag(start, option)
     scale = sub.add_parser("scale", add_help=False)
@@ -152,6 +156,15 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     sync.add_argument("--pool")
     sync.add_argument("--force", action="store_true")  # ship even where it is present
     sync.add_argument("--json", action="store_true")
+    stage = sub.add_parser("stage", add_help=False)
+    stage.add_argument("dir", nargs="?")
+    stage.add_argument("--name")
+    stage.add_argument("--inventory")
+    stage.add_argument("--pool")
+    stage.add_argument("--list", action="store_true")
+    stage.add_argument("--remove", metavar="NAME")
+    stage.add_argument("--force", action="store_true")  # ship every file again
+    stage.add_argument("--json", action="store_true")
     doctor = sub.add_parser("doctor", add_help=False)
     doctor.add_argument("node", nargs="?")
     doctor.add_argument("--inventory")
@@ -181,7 +194,7 @@ def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
     if not words:
         raise LoungeError(f"Say what to do, e.g. `{prog} start 8`; see `{prog} help`.")
     known = ("start", "scale", "status", "interrupt", "stop", "attach", "list", "nodes", "sync")
-    known += ("doctor", "runs", "run", "help")
+    known += ("stage", "doctor", "runs", "run", "help")
     if words[0] not in known:
         raise LoungeError(f"Unknown command {words[0]!r}: use one of {', '.join(known)}.")
     return build_parser(prog).parse_args(words)
@@ -206,6 +219,7 @@ def start_options(args: argparse.Namespace) -> dict:
         "tls": args.tls,
         "dashboard": args.dashboard,
         "courtesy": args.courtesy or None,
+        "stage": args.stage,
     }
 
 

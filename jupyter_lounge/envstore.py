@@ -16,6 +16,7 @@ once.
   the tree is linked in a temporary folder and renamed into place whole. Older environments
   beyond the sender's ``keep`` are removed unless an agent uses one (agents hold a shared lock
   on its marker file while they run).
+* ``data-list LOCAL_DIR``, ``data-remove LOCAL_DIR NAME``: the data sets there (stage.py).
 * ``launch LOCAL_DIR FP``: check the folders, take that shared lock, and become the node
   agent run by that environment's Python (``os.execv``, keeping stdin as it is).
 * ``doctor LOCAL_DIR FP HOST PORT``: what ``lounge doctor`` asks of the node (see doctor).
@@ -39,7 +40,9 @@ try:
         StoreError,
         apply_delta,
         data_current,
+        data_sets,
         object_key,
+        remove_data,
         safe_path,
         switch_data,
         tree_id,
@@ -356,6 +359,13 @@ def main(argv: list[str]) -> None:
             launch(*args)
         elif action == "put":
             put(*args)
+        elif action == "data-list":
+            print(json.dumps(data_sets(os.path.expanduser(args[0]))), flush=True)
+        elif action == "data-remove":
+            if not re.match(DATA_NAME_RE, args[1]):
+                raise ValueError(f"{args[1]!r} cannot name a data set")
+            found = remove_data(os.path.expanduser(args[0]), args[1])
+            print(json.dumps({"removed": found}), flush=True)
         else:
             raise ValueError(f"unknown action {action!r}")
     except (UntrustedPath, StoreError, OSError, ValueError, EOFError, TimeoutError) as e:

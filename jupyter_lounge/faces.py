@@ -13,6 +13,7 @@ gives (the notebook keeps it). Where the faces differ, a ``Face`` says so:
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,31 @@ def _nodes(args: argparse.Namespace, face: Face) -> str:
 def _sync(args: argparse.Namespace, face: Face) -> str:
     rows = sync_rows(args.inventory, args.pool, args.force)
     return commands.format_rows(rows, commands.SYNC_COLUMNS, args.json)
+
+
+def _stage(args: argparse.Namespace, face: Face) -> str:
+    from . import stage
+    from ._loop import run_sync
+
+    if not (args.dir or args.list or args.remove):
+        raise LoungeError(
+            f"Say which folder to stage, e.g. `{face.prog} stage ~/tissue --name tissue`, or "
+            "give --list or --remove NAME."
+        )
+    backend = _ssh_backend(args.inventory, args.pool)
+    nodes = list(backend.nodes.values())
+    if args.list:
+        rows = run_sync(stage.listing(nodes, backend.ssh_command))
+        return commands.format_rows(rows, stage.LIST_COLUMNS + ["error"], args.json)
+    if args.remove:
+        rows = run_sync(stage.remove(nodes, backend.ssh_command, args.remove))
+        return commands.format_rows(rows, ["node", "name", "status"], args.json)
+    name = args.name or Path(os.path.expanduser(args.dir)).resolve().name
+    rows = stage.stage(nodes, backend.ssh_command, args.dir, name, force=args.force)
+    if not any(r["status"] in ("present", "shipped") for r in rows):
+        why = "; ".join(f"{r['node']}: {r['status'].removeprefix('failed: ')}" for r in rows)
+        raise LoungeError(f"No lounge node has data set {name!r} now ({why}).")
+    return commands.format_rows(rows, stage.STAGE_COLUMNS, args.json)
 
 
 def _stop(args: argparse.Namespace, face: Face) -> str | None:
@@ -256,6 +282,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Face], object]] = {
     "list": _list,
     "nodes": _nodes,
     "sync": _sync,
+    "stage": _stage,
     "stop": _stop,
     "attach": _attach,
     "doctor": _doctor,

@@ -161,6 +161,7 @@ class NodeAgent:
         self.evicted = False  # engines stopped because a person uses this machine
         self._evicted_at = 0.0
         self.lean = False  # nothing imported but what watching needs: a person uses the PC
+        self.data: dict[str, str] = {}  # data set name -> its folder on this node's disk
         self.resumed = carried is not None
         self._carried_courtesy = None
         self._t0 = time.monotonic()
@@ -279,6 +280,42 @@ class NodeAgent:
             )
         self._lap("engine_imports")
 
+    def stage_data(self) -> None:
+        """The spec's data sets: as they are (local), or copied to this node's scratch from
+        the shared file system before any engine forks (Slurm; treestore.stage_copy)."""
+        self.data = dict(self.spec.data)
+        if not self.spec.stage:
+            return
+        from .treestore import StoreError, scratch_root, stage_copy, unpack
+        from .trust import UntrustedPath
+
+        self.status = "staging"
+        self.report()
+        root = scratch_root(self.spec.scratch)
+        for item in self.spec.stage:
+            try:
+                with open(item["manifest"], "rb") as f:
+                    manifest = unpack(f.read())
+                self.data[item["name"]] = stage_copy(
+                    root, item["name"], manifest["tree"], manifest["entries"], item["source"]
+                )
+            except (StoreError, UntrustedPath, OSError, ValueError) as e:
+                self.fail(
+                    f"data set {item['name']!r} could not be staged on node {self.node!r}: {e}"
+                )
+        self._lap("stage")
+
+    def _data_env(self) -> dict[str, str]:
+        """LOUNGE_DATA_<NAME> for every data set this node has for the engines: the spec's,
+        and (lounge nodes) those `lounge stage` put in local_dir, whenever it did."""
+        from .stage import env_var
+        from .treestore import data_links
+
+        found = dict(self.data)
+        if self.spec.local_dir:
+            found |= data_links(os.path.expanduser(self.spec.local_dir))
+        return {env_var(name): path for name, path in found.items()}
+
     def wait_for_controller(self) -> None:
         if not self.resumed:  # a resumed agent's controller is there: no status to flicker
             self.status = "waiting-controller"
@@ -360,8 +397,10 @@ class NodeAgent:
             self._next_index += 1
         entry["restarts"] += 1
         gpu = gpu_for(entry["index"], self.gpus, self.spec.engines_per_gpu)
+        data = self._data_env()
 
         def engine() -> None:
+            os.environ.update(data)
             os.environ.update(
                 LOUNGE_RANK=str(rank),
                 LOUNGE_SIZE=str(self.size),
@@ -597,6 +636,7 @@ class NodeAgent:
         signal.signal(signal.SIGHUP, self._on_hup)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked across a rest
         if not self.lean:
+            self.stage_data()
             self.preload()
         self.wait_for_controller()
         self._lap("wait_controller")

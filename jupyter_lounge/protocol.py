@@ -109,6 +109,10 @@ class Spec(_Message):
     engine_options: dict = field(default_factory=dict)  # the engine kind's own
     local_dir: str | None = None  # ssh: the node-local folder the agent keeps its files in
     presence: str = "linux"  # "windows": who uses the PC is seen from Windows (windows.py)
+    data: dict = field(default_factory=dict)  # data set name -> its folder, as it is (local)
+    stage: list = field(default_factory=list)  # Slurm: data sets to copy to scratch first
+    # ({name, source, manifest, tree}; see treestore.stage_copy)
+    scratch: str | None = None  # Slurm: the node-local folder they go to (None: $TMPDIR)
     version: int = VERSION
 
 

@@ -372,6 +372,59 @@ def _prune_data(store: Store, name: str) -> None:
         store.collect(trees_in_use(store.root))
 
 
+def stage_copy(root: str, name: str, tid: str, entries: list, source: str) -> str:
+    """Data set ``name`` as tree ``tid`` under ``root`` (a node's scratch), its files copied
+    from ``source`` (a shared file system) unless the store has them; its folder. Once per
+    node and content: an agent that finds it there already (an earlier allocation, or a
+    sibling agent that held the lock first) only uses it."""
+    if tree_id(entries) != tid:
+        raise StoreError(f"the manifest of data set {name!r} does not match its id")
+    with Store(root, "scratch folder") as store:
+        if data_current(root, name) == tid:
+            return os.path.realpath(os.path.join(data_dir(root), name))
+        missing = store.missing(entries)
+        store.check_room(sum(missing.values()), "this node")
+        first = {}
+        for e in entries:
+            if e[1] == "f":
+                first.setdefault(object_key(e), e)
+        for key in missing:
+            e = first[key]
+            path = os.path.join(source, safe_path(e[0]))
+            try:
+                store.put_object(key, read_chunks(path), e[5])
+            except StoreError as err:
+                if "damaged" not in str(err):
+                    raise
+                raise StoreError(
+                    f"{path} changed after the start hashed it: start again to stage the new "
+                    "content"
+                ) from None
+        store.save_manifest(tid, entries)
+        return switch_data(store, name, tid, entries)
+
+
+def scratch_root(scratch: str | None) -> str:
+    """Where a Slurm node keeps its data sets: ``scratch`` (else $TMPDIR, else /tmp), in a
+    folder of this user's own."""
+    base = scratch or os.environ.get("TMPDIR") or "/tmp"
+    return os.path.join(base, f"jupyter_lounge-{os.geteuid()}")
+
+
+def data_links(root: str) -> dict[str, str]:
+    """Each data set under ``root`` -> its folder now (the version it points to)."""
+    folder = data_dir(root)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    return {
+        name: os.path.realpath(os.path.join(folder, name))
+        for name in names
+        if not name.startswith(".") and os.path.islink(os.path.join(folder, name))
+    }
+
+
 def remove_data(root: str, name: str) -> bool:
     """Remove data set ``name`` and every version of it; whether there was one."""
     folder = data_dir(root)

@@ -56,6 +56,12 @@ class Backend:
         """What this backend adds to the spec of an agent on ``node`` (nothing by default)."""
         return {}
 
+    async def stage_data(self, stage: dict[str, str], nodes: list[str], cdir) -> dict:
+        """Make the data sets ``stage`` (name -> folder here) reachable to the agents about to
+        start on ``nodes``; what their specs say of them. Here: engines read the folders
+        where they are (this machine's own disk)."""
+        return {"data": dict(stage)}
+
     def courtesy_for(self, node: str | None) -> dict | None:
         """The idle policy a node follows when the cluster names none (None: no yielding)."""
         return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import re
 import shlex
 import socket
@@ -20,7 +21,7 @@ from pathlib import Path
 from traitlets import Float, Integer, List, Unicode
 from traitlets.config import Configurable
 
-from .. import validate
+from .. import treestore, validate
 from ..config import settings
 from ..errors import LoungeError, LoungeTimeout
 from ..procs import call, run, tail
@@ -89,6 +90,9 @@ class SlurmBackend(Configurable, Backend):
     extra_directives = List(
         Unicode(), help="any other #SBATCH directive, e.g. --constraint=a100"
     ).tag(config=True, option=True, flag="--sbatch", metavar="--constraint=a100", rest=False)
+    scratch = Unicode(
+        "", help="node-local folder --stage copies data sets to; default: the job's $TMPDIR"
+    ).tag(config=True, option=True, metavar="/local/scratch", rest=False)
     listen_ip = Unicode(
         "", help="address the controller listens on; default: the one that routes to the nodes"
     ).tag(config=True)
@@ -220,6 +224,23 @@ class SlurmBackend(Configurable, Backend):
             s.connect((out[0], 9))
             return s.getsockname()[0]
 
+    async def stage_data(self, stage: dict[str, str], nodes: list[str], cdir) -> dict:
+        """Nothing is shipped: each data set's manifest is written to the cluster's folder
+        (hashed here once; the nodes read it on the shared file system), and each agent
+        copies the files its node's scratch lacks before it forks (treestore.stage_copy)."""
+        from .. import stage as staging
+
+        entries = []
+        for name, folder in sorted(stage.items()):
+            path = Path(cdir) / f"stage-{name}.manifest"
+            if not path.exists():  # a scale reuses the start's
+                tree = await asyncio.to_thread(staging.scan, Path(folder), name)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(treestore.pack({"tree": tree.id, "entries": tree.entries}))
+            entries.append({"name": name, "source": folder, "manifest": str(path)})
+        return {"stage": entries, "scratch": self.scratch or None}
+
     async def place(self, agents: list[dict], cdir: Path, cluster: str) -> None:
         alloc = agents[0]["alloc"]
         script = cdir / f"job-{alloc}.sh"
@@ -281,9 +302,11 @@ class SlurmBackend(Configurable, Backend):
         if report.status in ("stopped", "failed", "controller-lost"):
             return "lost", f"its agent has {report.status} (Slurm job {job} is {state})"
         # An agent reports every 2 s, except while it imports the preload modules (one long
-        # call, slower still on a busy node): then only the start's own timeout applies.
+        # call, slower still on a busy node) or copies data sets to its scratch (as long as
+        # the shared file system takes): then only the start's own timeout applies.
         silent = time.time() - report.time
-        if silent > (300 if report.status == "preloading" else 15):
+        quiet = {"preloading": 300, "staging": 3600}.get(report.status, 15)
+        if silent > quiet:
             return "lost", f"its node stopped answering (no report for {silent:.0f} s)"
         return "alive", ""
 

@@ -163,6 +163,29 @@ class SSHBackend(Configurable, Backend):
         nodes = [self.nodes[n] for n in (list(self.nodes) if names is None else names)]
         return await sync(nodes, self.ssh_command, force, progress)
 
+    async def stage_data(self, stage: dict[str, str], nodes: list[str], cdir) -> dict:
+        """Ship each data set to these nodes' own disks (``lounge stage``; present ones are
+        only asked): the agents find them there. A node that cannot have one fails the start,
+        saying why."""
+        import asyncio
+
+        from .. import stage as staging
+
+        for name, folder in sorted(stage.items()):
+            rows = await asyncio.to_thread(
+                staging.stage, [self.nodes[n] for n in nodes], self.ssh_command, folder, name
+            )
+            failed = [r for r in rows if r["status"].startswith("failed")]
+            if failed:
+                raise LoungeError(
+                    f"Data set {name!r} could not be staged on "
+                    + "; ".join(
+                        f"{r['node']} ({r['status'].removeprefix('failed: ')})" for r in failed
+                    )  # fmt: skip
+                    + "."
+                )
+        return {}
+
     async def place(self, agents: list[dict], cdir: Path, cluster: str) -> None:
         from .. import sync
 
