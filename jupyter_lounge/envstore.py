@@ -42,6 +42,7 @@ try:
         data_current,
         data_sets,
         object_key,
+        prune_data,
         remove_data,
         safe_path,
         switch_data,
@@ -127,8 +128,6 @@ def _in_use(env: str) -> bool:
 
 def _prune(envs: str, newest: str, keep: int) -> tuple[list[str], list[str]]:
     """Remove environments beyond the ``keep`` most recent, never one an agent runs."""
-    import shutil
-
     found = []
     for name in os.listdir(envs):
         marker = os.path.join(envs, name, MARKER)
@@ -141,7 +140,7 @@ def _prune(envs: str, newest: str, keep: int) -> tuple[list[str], list[str]]:
         if _in_use(path):
             in_use.append(name)
         else:
-            shutil.rmtree(path, ignore_errors=True)
+            _discard(envs, name)  # gone from view now; its files go after the answer
             removed.append(name)
     return removed, in_use
 
@@ -232,7 +231,10 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
         if kind == "data" and not force and data_current(base, name) == tid:
             _say({"state": "present"})
             return
-        missing = store.missing(entries)
+        if change.get("base") in trees_in_use(base):  # its files are all here: look only
+            missing = store.missing(change["set"])  # for those of the entries that changed
+        else:
+            missing = store.missing(entries)
         if force:
             missing = {object_key(e): e[3] for e in entries if e[1] == "f"}
         store.check_room(sum(missing.values()), "this node")
@@ -253,21 +255,57 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
         lacking = [k for k in missing if not store.has(k)]
         if lacking:
             raise ValueError(f"{len(lacking)} files did not arrive; run the sync again")
-        store.save_manifest(tid, entries)
         if kind == "env":
             private_dir(envs, "environment store")
             if os.path.isdir(env):
-                shutil.rmtree(env)  # a broken one (no marker), or forced
+                _discard(envs, name)  # a broken one (no marker), or forced
             marker = {"fingerprint": name, "tree": tid, "time": time.time()}
             store.link_tree(entries, env, SHARED, {MARKER: json.dumps(marker).encode()})
             removed, in_use = _prune(envs, name, int(change.get("keep", 2)))
-            if removed:
-                store.collect(trees_in_use(base))
         else:
-            switch_data(store, name, tid, entries)
+            switch_data(store, name, tid, entries, prune=False)
             removed, in_use = [], []
-    _say({"state": "shipped", "files": files, "bytes": received, "tree": tid,
-          "removed": removed, "in_use": in_use})  # fmt: skip
+        _say({"state": "shipped", "files": files, "bytes": received, "tree": tid,
+              "removed": removed, "in_use": in_use})  # fmt: skip
+
+        def tidy() -> None:
+            store.save_manifest(tid, entries)
+            if kind == "env":
+                _empty_trash(envs)
+                store.collect(trees_in_use(base))
+            else:
+                prune_data(store, name)  # and collects, when it removed one
+
+        _after_the_answer(tidy)
+
+
+def _after_the_answer(work) -> None:
+    """Run ``work()`` in a detached child that holds the store's lock (the next sync waits
+    for it): the session ends at once, and the tidying (the manifest saved for the next
+    delta, old trees removed, their files collected) goes on on the node."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.fork():
+        return
+    try:
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        work()
+    finally:
+        os._exit(0)
+
+
+def _discard(envs: str, name: str) -> None:
+    """Take environment ``name`` out of use at once (a rename); it is removed later."""
+    os.rename(os.path.join(envs, name), os.path.join(envs, f".trash-{name}-{os.getpid()}"))
+
+
+def _empty_trash(envs: str) -> None:
+    for entry in os.listdir(envs):
+        if entry.startswith(".trash-"):
+            shutil.rmtree(os.path.join(envs, entry), ignore_errors=True)
 
 
 def _object_chunks(frames, size: int):

@@ -25,6 +25,7 @@ import os
 import select
 import stat
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,13 +112,9 @@ def scan(pairs, private: bool, what: str) -> Tree:
 
 def folder_pairs(root: Path):
     """(name, path) of everything under ``root``, sorted, folders before their contents."""
-    for here, dirs, files in os.walk(root):
-        dirs.sort()
-        for name in (*dirs, *sorted(files)):
-            path = Path(here) / name
-            if name in dirs and path.is_symlink():
-                dirs.remove(name)  # a symlinked folder travels as the link
-            yield str(path.relative_to(root)), path
+    from .sync import _walk
+
+    yield from _walk(str(root), "", set())
 
 
 def remember(tree: Tree) -> None:
@@ -239,6 +236,18 @@ def ship(
     """Hold the conversation with every node at once (see the module's doc); ``build()``
     gives the Tree, called only when a node lacks it. node -> {status, files, bytes}."""
     rows = {name: {"status": "", "files": 0, "bytes": 0} for name in sessions}
+    made: dict = {}
+
+    def make() -> None:
+        try:
+            made["tree"] = build()
+        except BaseException as e:  # noqa: BLE001 - raised below, in the caller's thread
+            made["error"] = e
+
+    # The tree is made while the nodes start and look: often they all have it, and the
+    # scan, made for nothing then, does not hold anyone up (a daemon thread).
+    maker = threading.Thread(target=make, daemon=True, name="lounge-scan")
+    maker.start()
     live = {}
     for name, s in sessions.items():
         hello = s.answer(HELLO_S, "starting")
@@ -249,7 +258,14 @@ def ship(
             s.close()
         else:
             live[name] = (s, hello)
-    tree = build() if live else None
+    tree = None
+    if live:
+        maker.join()
+        if "error" in made:
+            for s in sessions.values():
+                s.close()
+            raise made["error"]
+        tree = made["tree"]
     asked = {}
     for name, (s, hello) in live.items():
         base = next((t for t in hello["have"] if t != tree.id and recalled(t) is not None), None)

@@ -100,28 +100,38 @@ def env_pairs():
     """(name in the environment, local path) of everything in this virtualenv as it travels,
     folders before their contents: an editable jupyter_lounge goes in as a plain package (its
     source, without the hooks that point at it here)."""
+    # plain strings, not pathlib: this walks some 50,000 files on every sync
     prefix, site = Path(sys.prefix), Path(sysconfig.get_paths()["purelib"])
     source = _source_dir()
-    skip = _editable_hooks(site, source)
     inside = prefix in source.parents
-    for root, dirs, files in os.walk(prefix):
-        dirs.sort()
-        here = Path(root)
-        for name in (*dirs, *sorted(files)):
-            path = here / name
-            if path in skip or (not inside and path == site / "jupyter_lounge"):
-                if name in dirs:
-                    dirs.remove(name)
-                continue
-            if name in dirs and path.is_symlink():
-                dirs.remove(name)  # a symlinked folder travels as the link
-            yield str(path.relative_to(prefix)), path
+    skip = {str(p) for p in _editable_hooks(site, source)}
     if not inside:
-        arc = site.relative_to(prefix) / "jupyter_lounge"
-        yield str(arc), source
-        for path in sorted(source.rglob("*")):
-            if "__pycache__" not in path.parts:
-                yield str(arc / path.relative_to(source)), path
+        skip.add(str(site / "jupyter_lounge"))
+    yield from _walk(str(prefix), "", skip)
+    if not inside:
+        arc = str(site.relative_to(prefix) / "jupyter_lounge")
+        yield arc, str(source)
+        yield from _walk(str(source), arc + "/", {str(source / "__pycache__")}, "__pycache__")
+
+
+def _walk(top: str, arc: str, skip: set[str], skip_name: str = ""):
+    """(``arc`` + name below ``top``, path) of everything below ``top``, sorted, folders
+    before their contents; paths in ``skip`` and folders named ``skip_name`` left out."""
+    cut = len(top) + 1
+    for root, dirs, files in os.walk(top):
+        dirs.sort()
+        for name in list(dirs):
+            path = f"{root}/{name}"
+            if path in skip or name == skip_name:
+                dirs.remove(name)
+                continue
+            if os.path.islink(path):
+                dirs.remove(name)  # a symlinked folder travels as the link
+            yield arc + path[cut:], path
+        for name in sorted(files):
+            path = f"{root}/{name}"
+            if path not in skip:
+                yield arc + path[cut:], path
 
 
 def wsl_command(node, *argv: str) -> str:

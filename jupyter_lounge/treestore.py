@@ -48,11 +48,11 @@ class StoreError(Exception):
 # -- manifests ----------------------------------------------------------------------------------
 def tree_id(entries: list) -> str:
     """The id of the tree these entries describe (order-independent)."""
-    h = hashlib.sha256()
-    for entry in sorted(entries):
-        h.update(json.dumps(entry, separators=(",", ":")).encode("utf-8", "surrogateescape"))
-        h.update(b"\n")
-    return h.hexdigest()
+    text = "".join(
+        f"{e[0]}\0{e[1]}\0{e[2]}\0{e[3]}\0{e[4]}\0{e[5]}\n"
+        for e in sorted(entries, key=lambda e: e[0])
+    )
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def object_key(entry: list) -> str:
@@ -61,7 +61,8 @@ def object_key(entry: list) -> str:
 
 
 def pack(data) -> bytes:
-    return zlib.compress(json.dumps(data, separators=(",", ":")).encode("utf-8", "surrogateescape"))
+    text = json.dumps(data, separators=(",", ":"))
+    return zlib.compress(text.encode("utf-8", "surrogateescape"), 1)
 
 
 def unpack(blob: bytes):
@@ -221,18 +222,24 @@ class Store:
         shutil.rmtree(tmp, ignore_errors=True)
         os.mkdir(tmp, 0o700)
         try:
-            folders = []
+            folders, made = [], {""}
+            link, symlink, mkdir, path = os.link, os.symlink, os.mkdir, self.path
+            # sorted by path, every folder comes before what is in it: one call per entry,
+            # and an entry whose folder the manifest did not make here (one inside a
+            # symbolic link) is refused
             for e in sorted(entries, key=lambda e: e[0]):
-                dest = os.path.join(tmp, safe_path(e[0]))
-                if e[1] == "d":
-                    os.makedirs(dest, 0o700, exist_ok=True)
-                    folders.append((dest, e))
-                    continue
-                os.makedirs(os.path.dirname(dest), 0o700, exist_ok=True)
+                name = safe_path(e[0])
+                if name.rpartition("/")[0] not in made:
+                    raise StoreError(f"refusing {name!r}: its folder is not in the tree")
+                dest = f"{tmp}/{name}"
                 if e[1] == "f":
-                    os.link(self.path(object_key(e)), dest)
-                elif e[1] == "l":
-                    os.symlink(e[4], dest)
+                    link(path(f"{e[4]}.{e[2]:o}"), dest)
+                elif e[1] == "d":
+                    mkdir(dest, 0o700)
+                    folders.append((dest, e))
+                    made.add(name)
+                else:
+                    symlink(e[4], dest)
             for dest, e in reversed(folders):  # the deepest first: parents stay writable
                 os.chmod(dest, e[2] & folder_mode)
                 os.utime(dest, (e[5], e[5]))
@@ -336,9 +343,10 @@ def data_sets(root: str) -> list[dict]:
     return out
 
 
-def switch_data(store: Store, name: str, tid: str, entries: list) -> str:
+def switch_data(store: Store, name: str, tid: str, entries: list, prune: bool = True) -> str:
     """Make tree ``tid`` data set ``name`` (linking it when it is not there yet), keep the
-    version before, remove older ones; the data set's folder."""
+    version before, remove older ones (``prune``: now; else see ``prune_data``); the data
+    set's folder."""
     folder = private_dir(data_dir(store.root), "data folder")
     versioned = os.path.join(folder, f".{name}.{tid}")
     if not os.path.isdir(versioned):
@@ -348,11 +356,13 @@ def switch_data(store: Store, name: str, tid: str, entries: list) -> str:
     _unlink(tmp)
     os.symlink(f".{name}.{tid}", tmp)
     os.replace(tmp, link)  # readers see the old version or the new one, never neither
-    _prune_data(store, name)
+    if prune:
+        prune_data(store, name)
     return versioned
 
 
-def _prune_data(store: Store, name: str) -> None:
+def prune_data(store: Store, name: str) -> None:
+    """Remove versions of data set ``name`` beyond DATA_KEEP, and what no tree links."""
     folder = data_dir(store.root)
     current = data_current(store.root, name)
     versions = []

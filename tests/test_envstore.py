@@ -58,6 +58,12 @@ def ship_it(here, root, name=FP, kind="env", build=None, **how) -> dict:
     ]
 
 
+def tidied(local: Path) -> None:
+    """Wait for the node's tidying after its answer (it holds the store's lock)."""
+    with open(local / "store" / ".lock") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+
+
 def leftovers(local: Path) -> list[str]:
     found = [p.name for p in (local / "store" / "tmp").iterdir()]
     for sub in ("envs", "data"):
@@ -152,6 +158,8 @@ def test_an_environment_an_agent_runs_is_never_removed(here, tmp_path):
         os.close(held)
     assert ship_it(here, folder(tmp_path, "v3"), name="d" * 16, keep=1)["status"] == "shipped"
     assert sorted(p.name for p in envs.iterdir() if not p.name.startswith(".")) == ["d" * 16]
+    tidied(tmp_path / "local")
+    assert sorted(p.name for p in envs.iterdir()) == ["d" * 16]  # the old ones' files too
     objects = sorted((tmp_path / "local" / "store" / "objects").rglob("*.*"))
     assert len(objects) == 3  # data.txt of v3, other.txt, python: the rest collected
 
@@ -186,6 +194,7 @@ def test_a_data_set_is_the_owners_alone_and_changes_whole(here, tmp_path):
     assert (data / "tissue" / "labels.csv").read_text() == "a,2\n" and first.exists()
     (root / "labels.csv").write_text("a,3\n")
     assert ship_it(here, root, name="tissue", kind="data")["status"] == "shipped"
+    tidied(tmp_path / "local")
     assert not first.exists()  # two versions kept: the current one and the one before
     status = ship_it(here, root, name="no-such name", kind="data")["status"]
     assert "cannot name a data set" in status
