@@ -55,6 +55,7 @@ except ImportError:  # sent as source after trust.py's and treestore.py's: names
     pass
 
 MARKER = ".lounge-env"
+KEEP = 2  # environments kept on a node: the new one and the one before (sync.KEEP)
 #: The command-line program ssh runs (with ``-I -c``): it reads N bytes of program from stdin.
 BOOT = (
     "import os,sys\n"
@@ -126,14 +127,44 @@ def _in_use(env: str) -> bool:
         os.close(fd)
 
 
-def _prune(envs: str, newest: str, keep: int) -> tuple[list[str], list[str]]:
-    """Remove environments beyond the ``keep`` most recent, never one an agent runs."""
+def _envs(envs: str) -> list[tuple[float, str, str]]:
+    """The environments in ``envs``, newest first: (marker's mtime, name, tree id)."""
     found = []
     for name in os.listdir(envs):
         marker = os.path.join(envs, name, MARKER)
-        if not name.startswith(".") and os.path.isfile(marker):
-            found.append((name == newest, os.stat(marker).st_mtime, name))
-    found.sort(reverse=True)
+        if name.startswith(".") or not os.path.isfile(marker):
+            continue
+        try:
+            with open(marker) as f:
+                tree = json.load(f).get("tree", "")
+        except (OSError, ValueError):
+            continue
+        found.append((os.stat(marker).st_mtime, name, tree))
+    return sorted(found, reverse=True)
+
+
+def _spare_env(envs: str, tree: str | None, keep: int) -> tuple[str, int] | None:
+    """An environment of tree ``tree`` that this sync would remove anyway (older than the
+    newest ``keep - 1``) and no agent runs: its folder, and its marker's descriptor holding
+    the lock that keeps an agent from starting on it (launch waits for it, then finds it
+    gone). None when there is none."""
+    import fcntl
+
+    for _, name, found in _envs(envs)[max(keep - 1, 0) :]:
+        if found != tree:
+            continue
+        fd = os.open(os.path.join(envs, name, MARKER), os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return os.path.join(envs, name), fd
+        except BlockingIOError:
+            os.close(fd)
+    return None
+
+
+def _prune(envs: str, newest: str, keep: int) -> tuple[list[str], list[str]]:
+    """Remove environments beyond the ``keep`` most recent, never one an agent runs."""
+    found = sorted(((name == newest, at, name) for at, name, _ in _envs(envs)), reverse=True)
     removed, in_use = [], []
     for _, _, name in found[keep:]:
         path = os.path.join(envs, name)
@@ -181,16 +212,17 @@ def _next(frames, want: bytes) -> bytes:
     return payload
 
 
-def _manifest(store, frames) -> tuple[dict, list]:
+def _manifest(store, frames) -> tuple[dict, list, list]:
     """Read the manifest frame (a delta from a tree this node has, or whole), asking for the
-    whole one when the delta does not add up to the tree it names."""
+    whole one when the delta does not add up to the tree it names; it, the tree's entries
+    and those of its base."""
     for attempt in (1, 2):
         change = unpack(_next(frames, b"M"))
         base = store.manifest(change["base"]) if change.get("base") else []
         if base is not None:
             entries = apply_delta(base, change)
             if tree_id(entries) == change["tree"]:
-                return change, entries
+                return change, entries, base
         if attempt == 2:
             raise ValueError("the manifest that arrived does not match its tree id")
         _say({"state": "resend"})
@@ -224,10 +256,13 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
         raise ValueError(f"{name!r} cannot name a data set: use letters, digits and _")
     with Store(base) as store:
         have = sorted(n[:-2] for n in os.listdir(store.trees) if n.endswith(".z"))
+        if kind == "env" and os.path.isdir(envs):  # the best base first (see _spare_env)
+            spare = [t for _, _, t in _envs(envs)[KEEP - 1 :]]
+            have = [t for t in reversed(spare) if t in have] + [t for t in have if t not in spare]
         _say({"state": "absent", "have": have, "free_mib": store.free_mib()})
-        change, entries = _manifest(store, frames)
+        change, entries, before = _manifest(store, frames)
         _check_entries(entries, kind)
-        tid = change["tree"]
+        tid, keep = change["tree"], int(change.get("keep", KEEP))
         if kind == "data" and not force and data_current(base, name) == tid:
             _say({"state": "present"})
             return
@@ -259,9 +294,17 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
             private_dir(envs, "environment store")
             if os.path.isdir(env):
                 _discard(envs, name)  # a broken one (no marker), or forced
-            marker = {"fingerprint": name, "tree": tid, "time": time.time()}
-            store.link_tree(entries, env, SHARED, {MARKER: json.dumps(marker).encode()})
-            removed, in_use = _prune(envs, name, int(change.get("keep", 2)))
+            marker = {MARKER: json.dumps({"fingerprint": name, "tree": tid, "time": time.time()})
+                      .encode()}  # fmt: skip
+            spare = None if force else _spare_env(envs, change.get("base"), keep)
+            if spare is None:
+                store.link_tree(entries, env, SHARED, marker)
+            else:  # only what changed: the work of the change, not of the whole tree
+                try:
+                    store.evolve_tree(spare[0], before, entries, env, SHARED, marker)
+                finally:
+                    os.close(spare[1])
+            removed, in_use = _prune(envs, name, keep)
         else:
             switch_data(store, name, tid, entries, prune=False)
             removed, in_use = [], []

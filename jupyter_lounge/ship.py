@@ -266,14 +266,19 @@ def ship(
                 s.close()
             raise made["error"]
         tree = made["tree"]
-    asked = {}
+    asked, known = {}, {}  # known: manifests remembered here, read once
+
+    def recall(tid: str) -> list | None:
+        if tid not in known:
+            known[tid] = recalled(tid)
+        return known[tid]
+
     for name, (s, hello) in live.items():
-        base = next((t for t in hello["have"] if t != tree.id and recalled(t) is not None), None)
-        if tree.id in hello["have"]:
-            base = tree.id
+        base = tree.id if tree.id in hello["have"] else None
+        base = base or next((t for t in hello["have"] if recall(t) is not None), None)
         change = {"tree": tree.id, "keep": keep}
         if base is not None:
-            change |= {"base": base, **treestore.delta(recalled(base), tree.entries)}
+            change |= {"base": base, **treestore.delta(recall(base), tree.entries)}
         else:
             change |= {"base": None, "set": tree.entries, "del": []}
         s.frame(b"M", treestore.pack(change))

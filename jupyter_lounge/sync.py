@@ -35,7 +35,7 @@ from . import envstore
 from .errors import LoungeError
 from .protocol import read_json, write_json
 
-KEEP = 2  # environments kept on a node: the new one and the one before
+KEEP = envstore.KEEP  # environments kept on a node: the new one and the one before
 
 
 def _source_dir() -> Path:

@@ -252,6 +252,63 @@ class Store:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
+    def evolve_tree(self, old: str, old_entries: list, entries: list, into: str,
+                    folder_mode: int, extra: dict) -> None:  # fmt: skip
+        """Make the tree of ``entries`` at ``into`` from the tree at ``old`` (which is given up:
+        an environment about to be removed anyway), changing only what differs between
+        ``old_entries`` and ``entries``: the work is the change's, not the tree's. ``old`` is
+        renamed to a temporary name first, so it is out of view (and never half-changed in
+        view); the caller holds what keeps agents from starting on it."""
+        tmp = into + f".part-{os.getpid()}"
+        os.rename(old, tmp)
+        try:
+            for name in extra:
+                _unlink(os.path.join(tmp, name))
+            before = {e[0]: e for e in old_entries}
+            after = {e[0]: e for e in entries}
+            touched = set()  # folders whose entries change: their mtime is set again
+            for name in sorted(before, reverse=True):  # the deepest first
+                e, new = before[name], after.get(name)
+                if new is None or new[1] != e[1] or (e[1] != "d" and new != e):
+                    touched.add(name.rpartition("/")[0])
+                    path = f"{tmp}/{safe_path(name)}"
+                    if e[1] == "d" and not os.path.islink(path):
+                        remove_tree(path)
+                    elif os.path.lexists(path):
+                        os.unlink(path)
+            folders, made = [], {""}
+            for name in sorted(after):
+                e, was = after[name], before.get(name)
+                if name.rpartition("/")[0] not in made:
+                    raise StoreError(f"refusing {name!r}: its folder is not in the tree")
+                dest = f"{tmp}/{safe_path(name)}"
+                if was != e:
+                    touched.add(name.rpartition("/")[0])
+                if e[1] == "d":
+                    if was is None or was[1] != "d":
+                        os.mkdir(dest, 0o700)  # (folders are always their owner's to write)
+                    if was != e:
+                        touched.add(name)
+                    folders.append((dest, e))
+                    made.add(name)
+                elif was != e:
+                    if e[1] == "f":
+                        os.link(self.path(object_key(e)), dest)
+                    else:
+                        os.symlink(e[4], dest)
+            for dest, e in reversed(folders):
+                if e[0] in touched:
+                    os.chmod(dest, e[2] & folder_mode)
+                    os.utime(dest, (e[5], e[5]))
+            for name, data in extra.items():
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(data)
+            os.chmod(tmp, folder_mode)
+            os.rename(tmp, into)
+        except BaseException:
+            remove_tree(tmp)
+            raise
+
     def collect(self, keep_trees: set[str]) -> int:
         """Remove manifests not in ``keep_trees`` and objects no tree links to; the count."""
         for name in os.listdir(self.trees):

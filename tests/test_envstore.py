@@ -242,3 +242,45 @@ def test_launch_checks_the_environment_before_running_it(here, tmp_path):
     (env / envstore.MARKER).unlink()
     gone = launch()
     assert gone.returncode == 3 and b"is not complete: run lounge sync" in gone.stderr
+
+
+def tree_of(root: Path) -> dict:
+    """Every path under ``root``: its kind and content (files), target (links)."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
+        if path.is_symlink():
+            found[name] = ("l", os.readlink(path))
+        elif path.is_dir():
+            found[name] = ("d", None)
+        elif path.name != envstore.MARKER:
+            found[name] = ("f", path.read_bytes())
+    return found
+
+
+def test_a_new_environment_is_made_from_one_about_to_go_changing_only_what_differs(here, tmp_path):
+    """With two environments there, the older (which the new one's sync would remove) is
+    made into the new one in place, unless an agent runs it."""
+    root = folder(tmp_path)
+    envs = tmp_path / "local" / "envs"
+    made = []
+    for i, fp in enumerate(("a" * 16, "b" * 16, "c" * 16, "d" * 16)):
+        (root / "lib" / "pkg" / "data.txt").write_text(f"version {i}")
+        (root / "lib" / f"only_in_{i}").mkdir()
+        (root / "lib" / f"only_in_{i - 1}").exists() and (
+            (root / "lib" / f"only_in_{i - 1}").rmdir())  # fmt: skip
+        held = None
+        if fp == "d" * 16:  # b, the spare one now, runs an agent: d is linked afresh
+            held = os.open(envs / ("b" * 16) / envstore.MARKER, os.O_RDONLY)
+            fcntl.flock(held, fcntl.LOCK_SH)
+        try:
+            assert ship_it(here, root, name=fp)["status"] == "shipped"
+        finally:
+            if held is not None:
+                os.close(held)
+        tidied(tmp_path / "local")
+        made.append((envs / fp).stat().st_ino)
+        assert tree_of(envs / fp) == tree_of(root)
+    assert made[2] == made[0]  # c is what was a (b was the newest: kept)
+    assert made[3] not in made[:3]  # d: b was in use, so a new folder
+    assert sorted(p.name for p in envs.iterdir()) == ["b" * 16, "c" * 16, "d" * 16]
