@@ -266,7 +266,7 @@ def ship(
                 s.close()
             raise made["error"]
         tree = made["tree"]
-    asked, known = {}, {}  # known: manifests remembered here, read once
+    asked, known = {}, {tree.id: tree.entries} if tree else {}  # manifests, read once
 
     def recall(tid: str) -> list | None:
         if tid not in known:
