@@ -258,12 +258,13 @@ def test_sync_into_a_windows_pcs_distro_then_its_agent_runs_the_synced_python(
     windows_lounge, lounge_dir
 ):
     """`lounge sync` through wsl.exe: WSL's bash reads the line that starts the node program
-    from stdin, and the program and the tar stream after it reach Python whole."""
+    from stdin, and the program and the shipment after it reach Python whole."""
     import shutil
 
     from jupyter_lounge._loop import run_sync
 
-    shutil.rmtree(TESTBED / "local" / "node1" / "lounge" / "envs", ignore_errors=True)
+    for folder in ("envs", "store"):  # nothing of it there: all of it travels
+        shutil.rmtree(TESTBED / "local" / "node1" / "lounge" / folder, ignore_errors=True)
     options = {k: v for k, v in windows_lounge.items() if k != "backend"}
     backend = make_backend("ssh", **options)
     rows = {r["node"]: r for r in run_sync(backend.sync_env(["node1"]))}
