@@ -50,7 +50,8 @@ def test_the_flags_are_spelled_as_before():
     flags = {o.flag for o in start_options()}
     assert flags == set(
         "--partition --account --qos --time --engines-per-node --cpus-per-engine "
-        "--mem-per-engine --gpus-per-node --sbatch --scratch --pool --inventory --strict --sync".split()
+        "--mem-per-engine --gpus-per-node --sbatch --scratch --pool --inventory "
+        "--strict --sync".split()
     )
     start = commands.build_parser()._subparsers._group_actions[0].choices["start"]
     assert flags <= {s for action in start._actions for s in action.option_strings}
