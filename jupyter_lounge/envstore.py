@@ -110,21 +110,22 @@ def check(local_dir: str, fp: str) -> dict:
     return {"state": "present" if os.path.isfile(os.path.join(env, MARKER)) else "absent"}
 
 
-def _in_use(env: str) -> bool:
-    """Does a running agent hold this environment (a shared lock on its marker)?"""
+def _claim(env: str) -> int | None:
+    """The environment's marker, locked so that no agent starts on it (launch takes a shared
+    lock, then checks the marker is still in place), or None when an agent runs it (holds a
+    shared lock) or it has no marker. The caller closes the descriptor when done."""
     import fcntl
 
     try:
         fd = os.open(os.path.join(env, MARKER), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
-        return False
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
+        return fd
     except BlockingIOError:
-        return True
-    finally:
         os.close(fd)
+        return None
 
 
 def _envs(envs: str) -> list[tuple[float, str, str]]:
@@ -148,17 +149,9 @@ def _spare_env(envs: str, tree: str | None, keep: int) -> tuple[str, int] | None
     newest ``keep - 1``) and no agent runs: its folder, and its marker's descriptor holding
     the lock that keeps an agent from starting on it (launch waits for it, then finds it
     gone). None when there is none."""
-    import fcntl
-
     for _, name, found in _envs(envs)[max(keep - 1, 0) :]:
-        if found != tree:
-            continue
-        fd = os.open(os.path.join(envs, name, MARKER), os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if found == tree and (fd := _claim(os.path.join(envs, name))) is not None:
             return os.path.join(envs, name), fd
-        except BlockingIOError:
-            os.close(fd)
     return None
 
 
@@ -167,12 +160,15 @@ def _prune(envs: str, newest: str, keep: int) -> tuple[list[str], list[str]]:
     found = sorted(((name == newest, at, name) for at, name, _ in _envs(envs)), reverse=True)
     removed, in_use = [], []
     for _, _, name in found[keep:]:
-        path = os.path.join(envs, name)
-        if _in_use(path):
+        fd = _claim(os.path.join(envs, name))
+        if fd is None:
             in_use.append(name)
-        else:
+            continue
+        try:  # held across the rename: an agent starting now finds the marker gone
             _discard(envs, name)  # gone from view now; its files go after the answer
-            removed.append(name)
+        finally:
+            os.close(fd)
+        removed.append(name)
     return removed, in_use
 
 
@@ -380,6 +376,15 @@ def launch(local_dir: str, fp: str) -> None:
         raise UntrustedPath(f"the synced environment {env} is not complete: run lounge sync")
     fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW)
     fcntl.flock(fd, fcntl.LOCK_SH)  # held by the agent and its engines: sync keeps this env
+    try:  # a sync that held it meanwhile may have removed it or made another tree of it
+        still = os.stat(marker, follow_symlinks=False)
+    except OSError:
+        still = None
+    seen = os.fstat(fd)
+    if still is None or (still.st_dev, still.st_ino) != (seen.st_dev, seen.st_ino):
+        raise UntrustedPath(
+            f"the synced environment {env} was removed by a sync as it started: run lounge sync"
+        )
     os.set_inheritable(fd, True)
     python = os.path.join(env, "bin", "python")
     os.execv(python, [python, "-m", "jupyter_lounge.node", "--stdio"])

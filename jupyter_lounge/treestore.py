@@ -360,7 +360,7 @@ def read_chunks(path: str, size: int = 1 << 20):
 
 
 # -- data sets ----------------------------------------------------------------------------------
-DATA_NAME_RE = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
+DATA_NAME_RE = r"^[A-Za-z][A-Za-z0-9_]{0,63}\Z"
 DATA_KEEP = 2  # versions of a data set kept: the current one and the one before
 
 

@@ -244,6 +244,35 @@ def test_launch_checks_the_environment_before_running_it(here, tmp_path):
     assert gone.returncode == 3 and b"is not complete: run lounge sync" in gone.stderr
 
 
+def test_an_agent_starting_as_a_sync_removes_its_environment_does_not_run_it(here, tmp_path):
+    """The sync's claim (an exclusive lock on the marker) is held across the rename out of
+    view, so a launch waiting on its shared lock finds the marker gone and runs nothing."""
+    root = folder(tmp_path)
+    (root / "bin" / "python").write_text('#!/bin/sh\necho RAN "$@"\n')
+    assert ship_it(here, root)["status"] == "shipped"
+    envs = tmp_path / "local" / "envs"
+    claim = envstore._claim(str(envs / FP))
+    assert claim is not None
+    cmd, first = sync.launch_command(here.nodes["here"], FP)
+    starting = subprocess.Popen(
+        ["bash", "-c", cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    starting.stdin.write(first + envstore.program() + b'{"spec": {}}\n')
+    starting.stdin.close()
+    starting.stdin = None  # communicate() below has nothing more to send
+    with pytest.raises(subprocess.TimeoutExpired):
+        starting.wait(1.0)  # waits for the sync's claim
+    try:
+        envstore._discard(str(envs), FP)
+    finally:
+        os.close(claim)
+    out, err = starting.communicate(timeout=30)
+    assert starting.returncode == 3 and b"was removed by a sync as it started" in err, err
+    assert b"RAN" not in out
+    assert envstore._claim(str(envs / FP)) is None  # and nothing of it is in view
+
+
 def tree_of(root: Path) -> dict:
     """Every path under ``root``: its kind and content (files), target (links)."""
     found = {}

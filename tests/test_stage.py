@@ -61,6 +61,7 @@ def data_objects(node: int) -> list[Path]:
     [
         (["tissue"], "--stage 'tissue' is not NAME=DIR"),
         (["tis sue=/tmp"], "'tis sue' cannot name a data set"),
+        (["tissue\n=/tmp"], "'tissue\\\\n' cannot name a data set"),
         (["tissue=/no/such/folder"], "'/no/such/folder' is not a folder here"),
     ],
 )
