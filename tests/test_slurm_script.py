@@ -95,6 +95,9 @@ def test_traitlets_config_and_flags_compose():
         ({"partitionn": "gpu"}, "Unknown Slurm option 'partitionn'"),
         ({"mem_per_engine": "lots"}, "Memory per engine 'LOTS' is not a size"),
         ({"engines_per_node": 0}, "engines_per_node must be a whole number above 0, not 0"),
+        ({"listen_ip": "0.0.0.0"}, "listen_ip '0.0.0.0' would listen on every interface"),
+        ({"listen_ip": "::"}, "listen_ip '::' would listen on every interface"),
+        ({"listen_ip": "node1"}, "listen_ip 'node1' is not an IP address"),
     ],
 )
 def test_bad_options_are_one_sentence(options, expected):

@@ -142,11 +142,16 @@ class SlurmBackend(Configurable, Backend):
             import ipaddress
 
             try:
-                ipaddress.ip_address(self.listen_ip)
+                address = ipaddress.ip_address(self.listen_ip)
             except ValueError:
                 raise LoungeError(
                     f"c.SlurmBackend.listen_ip {self.listen_ip!r} is not an IP address."
                 ) from None
+            if address.is_unspecified:
+                raise LoungeError(
+                    f"c.SlurmBackend.listen_ip {self.listen_ip!r} would listen on every "
+                    "interface: give the one address the compute nodes reach this machine at."
+                )
 
     # -- placement -------------------------------------------------------------------------
     def plan(self, n: int, nodes: int | None) -> list[tuple[str | None, int]]:
