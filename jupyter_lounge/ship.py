@@ -160,7 +160,7 @@ class Session:
             self.proc.stdin.write(data)
             self.sent += len(data)
         except (BrokenPipeError, OSError):
-            self.fail("the SSH session ended")
+            self.fail(self._said() or "the SSH session ended")
 
     def frame(self, kind: bytes, payload: bytes) -> None:
         self.send(envstore.frame(kind, payload))
