@@ -16,7 +16,7 @@ from .config import DEFAULT_BACKEND, DEFAULT_ENGINES, DEFAULT_TIMEOUT
 from .errors import LoungeError
 
 USAGE = """\
-%lounge start N [--engines ipyparallel|dask] [--backend local|slurm] [--nodes M] [--name NAME]
+%lounge start N [--engines {kinds}] [--backend {backends}] [--nodes M] [--name NAME]
                [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart] [--courtesy]
                [--dashboard] (Dask's, on loopback)  [--no-tls] (local only: no encryption)
                [--dry-run] (Slurm: print the batch script it would submit; start nothing)
@@ -52,7 +52,12 @@ def usage_text() -> str:
     """The usage of ``%lounge``, its backend flags from the backends' declarations."""
     slurm = _wrap(backend_options.usage_words("slurm"), f"{INDENT}Slurm: ", INDENT)
     ssh = " ".join(backend_options.usage_words("ssh"))
-    return USAGE.format(slurm="\n".join(slurm), ssh=ssh)
+    from .engines import KINDS
+
+    return USAGE.format(
+        slurm="\n".join(slurm), ssh=ssh, kinds="|".join(KINDS),
+        backends="|".join(backend_options.BACKENDS),
+    )  # fmt: skip
 
 
 def _positive(cast, what: str):

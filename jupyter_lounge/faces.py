@@ -333,7 +333,7 @@ def sync_rows(inventory: str | None, pool: str | None, force: bool) -> list[dict
     saying what happened. Raises when no node has it afterwards."""
     from ._loop import run_sync
 
-    rows = run_sync(_ssh_backend(inventory, pool).sync_env(force=force))
+    rows = run_sync(_ssh_backend(inventory, pool).sync_env(force=force, progress=True))
     if not any(r["status"] in ("present", "shipped") for r in rows):
         why = "; ".join(f"{r['node']}: {r['status'].removeprefix('failed: ')}" for r in rows)
         raise LoungeError(f"No lounge node has the environment now ({why}).")

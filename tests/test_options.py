@@ -88,6 +88,10 @@ def test_the_usage_shows_every_flag():
     for option in start_options():
         assert option.flag in text
     assert "[--dry-run]" in text
+    from jupyter_lounge.backends import BACKENDS
+    from jupyter_lounge.engines import KINDS
+
+    assert f"[--backend {'|'.join(BACKENDS)}]" in text and f"[--engines {'|'.join(KINDS)}]" in text
 
 
 def test_flags_reach_the_backend():

@@ -154,10 +154,11 @@ class SSHBackend(Configurable, Backend):
         return [*cmd, "--", node.host]  # then the remote command: one word, already quoted
 
     async def sync_env(
-        self, names: list[str] | None = None, force: bool = False, progress: bool = True
+        self, names: list[str] | None = None, force: bool = False, progress: bool = False
     ) -> list[dict]:
         """Preposition this environment on the nodes (see ``jupyter_lounge.sync``); the agents
-        started after it run the prepositioned python."""
+        started after it run the prepositioned python. Bars (``progress``) are the faces'
+        to ask for: a start from the core draws none."""
         from ..sync import sync
 
         nodes = [self.nodes[n] for n in (list(self.nodes) if names is None else names)]
@@ -173,8 +174,9 @@ class SSHBackend(Configurable, Backend):
 
         for name, folder in sorted(stage.items()):
             rows = await asyncio.to_thread(
-                staging.stage, [self.nodes[n] for n in nodes], self.ssh_command, folder, name
-            )
+                staging.stage, [self.nodes[n] for n in nodes], self.ssh_command, folder, name,
+                progress=False,
+            )  # fmt: skip
             failed = [r for r in rows if r["status"].startswith("failed")]
             if failed:
                 raise LoungeError(
