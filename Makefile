@@ -20,12 +20,14 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 ## The whole suite (lint, unit, integration with real engines, kernels and notebooks, and a
-## real 3-node Slurm testbed in network namespaces, brought up here and taken down after).
+## real 3-node Slurm testbed in network namespaces, brought up here and taken down after);
+## the fast tests (marked fast: seconds, no engine) run before the testbed comes up.
 test: $(STAMP) chromium
 	$(PY) -m ruff check jupyter_lounge tests bench examples
 	$(MAKE) --no-print-directory labext-test
+	$(PY) -m pytest -m fast
 	tests/infra/reup 3 8 > .testbed.env
-	set -a; . ./.testbed.env; set +a; $(PY) -m pytest; rc=$$?; tests/infra/down; exit $$rc
+	set -a; . ./.testbed.env; set +a; $(PY) -m pytest -m "not fast"; rc=$$?; tests/infra/down; exit $$rc
 
 ## The same suite without the testbed (Slurm tests skip, saying why).
 test-local: $(STAMP)
@@ -51,6 +53,7 @@ bench: $(STAMP)
 	$(PY) bench/secure_launch.py
 	$(PY) bench/map_rate.py
 	tests/infra/reup 3 8 > .testbed.env
+	set -a; . ./.testbed.env; set +a; $(PY) bench/sync.py || { tests/infra/down; exit 1; }
 	set -a; . ./.testbed.env; set +a; $(PY) bench/slurm_launch.py; rc=$$?; $(PY) bench/ssh_launch.py || rc=$$?; tests/infra/down; exit $$rc
 
 clean:
