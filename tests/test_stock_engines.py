@@ -130,6 +130,37 @@ def test_ipyparallel_broadcast_magics_and_interrupt(ipp):
     assert sorted(rc[:].apply_sync(_pid)) == pids  # the same engines, still serving
 
 
+def _connection_file():
+    from ipykernel import get_connection_file
+
+    return get_connection_file()
+
+
+def test_bind_kernel_makes_an_engine_a_kernel_a_frontend_connects_to(lounge_dir):
+    """As on stock engines: bind_kernel() opens the engine's kernel ports (loopback, signed)
+    for jupyter console --existing, and the engine still serves the cluster. On a cluster
+    with CurveZMQ (every one but --no-tls) stock ipyparallel's bound kernel cannot work ("Bound
+    kernel does not support CURVE security"), so this is the --no-tls cluster's."""
+    from jupyter_client import BlockingKernelClient
+
+    cluster = Lounge(1, engines="ipyparallel", tls=False, wait=True).start_sync()
+    try:
+        rc = cluster.client
+        rc[0].execute("import ipyparallel\nipyparallel.bind_kernel()", block=True)
+        kc = BlockingKernelClient(connection_file=rc[0].apply_sync(_connection_file))
+        kc.load_connection_file()
+        assert kc.ip == "127.0.0.1"
+        kc.start_channels()
+        try:
+            reply = kc.execute_interactive("x = 6 * 7", timeout=30)
+        finally:
+            kc.stop_channels()
+        assert reply["content"]["status"] == "ok"
+        assert rc[0].pull("x", block=True) == 42  # the same namespace, still the cluster's
+    finally:
+        cluster.stop_sync()
+
+
 def test_interrupt_refuses_a_stopped_cluster(ipp):
     ipp.stop_sync()
     with pytest.raises(LoungeError, match="not running"):
