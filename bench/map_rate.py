@@ -20,6 +20,8 @@ gives the median. Results are checked; nothing is asserted. This machine has 2 c
 8 engines share them, so these numbers measure overhead, not parallel speed.
 
     python bench/map_rate.py [--engines 8] [--repeat 3] [--quick] [--json out.json]
+                             [--cases tiny,closure,1s,million] [--kinds ipyparallel,dask]
+                             [--ours-only]
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ from _common import markdown_table
 TINY = 100_000  # tiny items for ours and the tuned stock way
 TINY_SLOW = 5_000  # tiny items for the stock ways that send one task per item
 MILLION = 1_000_000
+CASES = {  # --cases names
+    "tiny": "tiny items",
+    "closure": "64 items, 40 MB closure",
+    "1s": "64 items of 1 s",
+    "million": "1,000,000 tiny items",
+}
 
 
 def timed(fn, check) -> float:
@@ -99,12 +107,16 @@ def cases(lounge, args):
         million = ours_map(tiny, MILLION, range(1, MILLION + 1))
         out.append(("1,000,000 tiny items", ours, MILLION, million))
     client = lounge.client
+    wanted = {CASES[c] for c in args.cases.split(",")}
+    if args.ours_only:
+        return [c for c in out if c[0] in wanted]
     if kind == "ipyparallel":
         view = client.load_balanced_view()
 
         def lbv(f, items, chunksize):
             return lambda: view.map(f, items, chunksize=chunksize, block=True)
 
+    if kind == "ipyparallel" and "tiny items" in wanted:  # (the best chunksize is timed now)
         out.append(
             (
                 "tiny items",
@@ -129,6 +141,7 @@ def cases(lounge, args):
                 ),
             )
         )
+    if kind == "ipyparallel":
         out.append(
             (
                 "64 items, 40 MB closure",
@@ -161,7 +174,7 @@ def cases(lounge, args):
                 with_closure(lambda f: dask_map(f, range(64))()),
             )
         )
-    return out
+    return [c for c in out if c[0] in wanted]
 
 
 def main() -> None:
@@ -170,12 +183,20 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="fewer items, no million")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument(
+        "--cases", default=",".join(CASES), help=f"which, comma separated: {','.join(CASES)}"
+    )
+    ap.add_argument("--kinds", default="ipyparallel,dask", help="engine kinds, comma separated")
+    ap.add_argument("--ours-only", action="store_true", help="lounge.map only, no stock way")
     args = ap.parse_args()
+    unknown = set(args.cases.split(",")) - set(CASES)
+    if unknown:
+        ap.error(f"unknown case(s) {', '.join(sorted(unknown))}; known: {', '.join(CASES)}")
 
     from jupyter_lounge import Lounge
 
     rows = []
-    for kind in ("ipyparallel", "dask"):
+    for kind in args.kinds.split(","):
         lounge = Lounge(args.engines, engines=kind, wait=True, timeout=300).start_sync()
         try:
             for case, way, items, run in cases(lounge, args):

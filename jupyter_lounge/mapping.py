@@ -2,15 +2,21 @@
 
 The map driver runs in the cluster's run driver (``runner.py``), not in the kernel: a map is
 a run (``runstore.py``), and outlives the kernel that started it. The function (and its closure)
-is pickled once and sent with the first batch to one engine per node, which keeps it by the
-hash of that pickle and leaves a copy in its agent's private folder for the engines beside it
-(``tasks.run_batch``); later batches carry only items. Batches are sized from the measured
-time per item: about ``TARGET_S`` of work each, so the round trip is amortised over tiny
-items while slow ones go one by one, and never more than a fair share of what is left, so
-every engine stays busy to the end. Each engine has ``IN_FLIGHT`` batches at most: one
-running, one waiting, never a pile. A batch whose engine died (its future fails, or the
-engine is no longer registered) puts its items back at the front of the queue, to run
-elsewhere, up to ``retries`` times each; an item's own error is its row, never retried.
+is pickled once, its large buffers out of band (``tasks.pack``: an image the driver maps from
+the run's folder), and sent with the first batch to one engine per node, as one buffer (Dask:
+scattered to that worker, not in the task graph), which keeps it by the hash of that image
+and leaves a copy in its agent's private folder for the engines beside it
+(``tasks.run_batch``); later batches carry only items. On the local backend every agent's
+folder is the cluster's, beside the run's: the driver links the run's image there before the
+first batch, so no engine waits for it to cross the network (``_place``).
+
+Batches are sized from the measured time per item: about ``TARGET_S`` of work each, so the
+round trip is amortised over tiny items while slow ones go one by one, and never more than a
+fair share of what is left, so every engine stays busy to the end. Each engine has
+``IN_FLIGHT`` batches at most: one running, one waiting, never a pile. A batch whose engine
+died (its future fails, or the engine is no longer registered) puts its items back at the
+front of the queue, to run elsewhere, up to ``retries`` times each; an item's own error is
+its row, never retried.
 
 The result is a DataFrame in input order, one row per item: the parameters (a dict item's
 keys, else ``item``), ``result`` and, when every result is a dict, its keys, then ``error``,
@@ -19,15 +25,15 @@ keys, else ``item``), ``result`` and, when every result is a dict, its keys, the
 
 from __future__ import annotations
 
-import hashlib
 import math
+import os
 import pickle
 import time
 from collections import deque
 from typing import Any
 
 from .errors import LoungeError, LoungeTimeout
-from .tasks import run_batch
+from .tasks import frame, key_of, pack, run_batch
 
 TARGET_S = 0.1  # seconds of work one batch should hold, once the time per item is known
 FIRST_BATCH = 1  # items in a batch before any item was timed
@@ -54,16 +60,19 @@ class _Driver:
         *,
         todo=None,
         nodes=None,
+        key: str | None = None,
+        source: str | None = None,
     ):
-        import cloudpickle
-
         self.kind, self.client, self.cluster = cluster.kind, cluster.client, cluster
         self.items, self.retries = items, retries
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.timeout = timeout
-        function = fn if isinstance(fn, bytes) else cloudpickle.dumps(fn, protocol=5)
-        self.key = hashlib.sha256(function).hexdigest()[:16]
-        self.function = function  # to one engine per node (see _function_for)
+        if key is None:  # a function, not its image (stored with its key by the run's kernel)
+            pieces = frame(pack(fn))
+            fn, key = b"".join(pieces), key_of(pieces)
+        self.key = key
+        self.function = memoryview(fn)  # the image, to one engine per node (_function_for)
+        self.placed = source is not None and self._place(source)  # every engine reads it
         self.nodes = None if nodes is None else set(nodes)  # a pool's: only engines there
         n = len(items)
         self.todo: deque[int] = deque(range(n) if todo is None else todo)
@@ -208,11 +217,33 @@ class _Driver:
         self.sent += function is not None
         self.flying[future] = (engine, indices)
 
+    def _place(self, source: str) -> bool:
+        """On the local backend, link the run's image (``source``) where every engine looks
+        for its siblings' copy (the cluster's folder: owner-only, the link made whole at once);
+        whether it is there."""
+        from .tasks import prune, shared_path
+
+        backend = getattr(self.cluster, "backend", None)
+        if getattr(backend, "name", "") != "local":
+            return False
+        path = shared_path(str(self.cluster.dir), self.key)
+        try:
+            os.link(source, path)
+        except FileExistsError:
+            pass
+        except OSError:  # another file system: the first batch carries it, as elsewhere
+            return False
+        prune(str(self.cluster.dir))
+        return True
+
     def _function_for(self, engine) -> tuple[Any, float]:
-        """What a batch to ``engine`` carries of the function: nothing once it has it; the
-        function itself to one engine per node; to the others, how long to wait for the copy
-        that engine leaves on the node."""
+        """What a batch to ``engine`` carries of the function: nothing once it has it (or
+        when the driver placed it beside every engine); the function itself to one engine
+        per node; to the others, how long to wait for the copy that engine leaves on the
+        node."""
         if engine in self.has_function:
+            return None, 0.0
+        if self.placed and engine not in self.direct:
             return None, 0.0
         node = self.engines.get(engine)
         holder = self.holder.get(node)
@@ -351,8 +382,6 @@ def map_items(
     Returns a DataFrame in input order (see the module's docstring for its columns). A
     ``timeout`` ends the wait, not the run; an interrupt (Ctrl-C) cancels the run.
     """
-    import cloudpickle
-
     from . import runner, runstore
 
     if not callable(fn):
@@ -363,7 +392,7 @@ def map_items(
     nodes = None
     if pool is not None:
         nodes = pool_nodes(cluster, pool)
-    function = cloudpickle.dumps(fn, protocol=5)
+    function = pack(fn)
     name = runstore.create(
         cluster.name, name, function, items, retries=retries, pool=pool, nodes=nodes
     )

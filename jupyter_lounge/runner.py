@@ -7,6 +7,8 @@ lock ``runs/.driver.lock``: of two drivers of one cluster, the second leaves at 
 process that finds the driver gone may start another (``ensure``). It looks for new runs in
 the cluster's ``runs/`` folder, steps the map driver of each (``mapping._Driver``) over one
 client, and commits each run's finished rows at most ``runstore.FLUSH_S`` after they came back.
+A kernel that made a run wakes it (``SIGWINCH``, which a process not listening ignores), so a
+new run is taken up at once, not at the next look.
 A run it finds ``running`` (its driver died) is resumed: the items not yet in the store are
 sent again. It leaves when its cluster is stopped or replaced.
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import sys
 import time
 import traceback
@@ -24,6 +28,7 @@ from .runstore import FLUSH_S
 
 LOOK_S = 0.2  # how often the runs folder is read for new runs and cancels
 STATE_S = 1.0  # how often the cluster's state is read (scaled? stopped?)
+WAKE = getattr(signal, "SIGWINCH", None)  # "look for runs now"; ignored unless listened to
 PIDFILE = "driver.json"
 LOCK = ".driver.lock"
 
@@ -59,11 +64,17 @@ def ensure(cluster: str) -> None:
     """Start the cluster's run driver unless it runs (or its cluster does not)."""
     from . import state
     from .cluster import in_use
-    from .procs import spawn, started
+    from .procs import ours, spawn, started
     from .protocol import write_json
     from .runstore import runs_dir
 
-    if alive(cluster):
+    pid = _pid(cluster)
+    if pid and ours(pid[0], pid[1]):
+        if WAKE is not None:  # a run may have just been made: look now
+            try:
+                os.kill(pid[0], WAKE)
+            except OSError:
+                pass
         return
     data = state.load_state(cluster)
     if data is None or not in_use(data):
@@ -99,6 +110,7 @@ class Runner:
         self.active: dict[str, _Active] = {}
         self.seen: set[str] = set()
         self.looked = self.stated = 0.0
+        self.wake_fd: int | None = None  # readable once woken (signal.set_wakeup_fd)
         from .procs import started
 
         self.me = [os.getpid(), started(os.getpid())]
@@ -161,13 +173,21 @@ class Runner:
         print(f"driver: {'resuming' if meta['status'] == 'running' else 'starting'} {name}")
         store.take(self.me)
         try:
-            function, blob = store.job()
+            key, image, blob, source = store.job()  # the kernel's key: not hashed again here
             items = cloudpickle.loads(blob)
             done = store.done()
             todo = [i for i in range(len(items)) if i not in done]
             nodes = json.loads(meta["nodes"]) if meta["nodes"] else None
             driver = _Driver(
-                self.cluster, function, items, meta["retries"], None, todo=todo, nodes=nodes
+                self.cluster,
+                image,
+                items,
+                meta["retries"],
+                None,
+                todo=todo,
+                nodes=nodes,
+                key=key,
+                source=source,
             )
         except Exception as e:  # noqa: BLE001 - this run cannot start; the others go on
             self._fail(name, store, e)
@@ -222,8 +242,10 @@ class Runner:
         futures = [f for a in self.active.values() for f in a.driver.flying]
         if futures:
             self.cluster.kind.wait_any(futures, 0.05)
-        else:
+        elif self.active or self.wake_fd is None:
             time.sleep(0.05 if self.active else LOOK_S)
+        else:  # idle: until the next look, or a kernel wakes it
+            select.select([self.wake_fd], [], [], LOOK_S)
         now = time.monotonic()
         for name, a in list(self.active.items()):
             try:
@@ -238,6 +260,25 @@ class Runner:
             except Exception as e:  # noqa: BLE001
                 self._fail(name, a.store, e)
 
+    def listen(self) -> None:
+        """Be woken by ``WAKE``: the signal writes to a pipe that an idle driver waits on."""
+        if WAKE is None:
+            return
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        signal.signal(WAKE, lambda *_: None)
+        self.wake_fd = r
+
+    def _woken(self) -> bool:
+        if self.wake_fd is None:
+            return False
+        try:
+            return bool(os.read(self.wake_fd, 512))
+        except BlockingIOError:
+            return False
+
     def run(self) -> None:
         while True:
             now = time.monotonic()
@@ -246,7 +287,7 @@ class Runner:
                 if not self._state():
                     return
                 self._connect()
-            if now - self.looked >= LOOK_S:
+            if self._woken() or now - self.looked >= LOOK_S:
                 self.looked = now
                 self._look()
             self.step()
@@ -270,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     except BlockingIOError:
         return  # another driver runs this cluster's runs
     runner = Runner(cdir.name, created)
+    runner.listen()
     write_json(folder / PIDFILE, runner.me)
     print(f"driver: up for {cdir.name} (pid {os.getpid()})", flush=True)
     runner.run()

@@ -1,7 +1,10 @@
 """Runs: a map that outlives the notebook that started it.
 
 A run is a name, its items, its function (pickled once) and a store of rows: one SQLite file
-per run in the cluster's folder (``runs/NAME.sqlite``, mode 0600 in a 0700 folder). The
+per run in the cluster's folder (``runs/NAME.sqlite``, mode 0600 in a 0700 folder), and the
+function's image beside it (``runs/NAME@TOKEN.fn``, see ``tasks.frame``; ``@`` is in no run
+name): written once, synced once, and named with its key in the store's ``job``, so a 40 MB
+closure never goes through SQLite's log and the driver maps it rather than reads it. The
 kernel that maps writes the run's function and items there and follows it; the cluster's run
 driver (``runner.py``, one process per cluster, started and stopped with it) dispatches the
 batches and appends each finished row, committed at most ``FLUSH_S`` after it finished. So a
@@ -38,7 +41,7 @@ ACTIVE = ("submitted", "running")  # as stored: a driver has it, or will
 UNDER_WAY = ACTIVE + ("stalled",)  # as read: not ended (a stalled one waits for its driver)
 NEEDS_DRIVER = ("submitted", "stalled")  # as read: no driver has it now
 FLUSH_S = 0.2  # a finished row is committed at most this long after the driver got it
-FOLLOW_S = 0.2  # how often a follower reads the store
+FOLLOW_S = 0.2  # how often a follower reads the store (more often in a run's first seconds)
 BUSY_MS = 10_000  # a writer waits this long for another one (SQLite's busy timeout)
 
 SCHEMA = """
@@ -49,8 +52,8 @@ CREATE TABLE run (
     started REAL NOT NULL, finished REAL, retries INTEGER NOT NULL, pool TEXT,
     nodes TEXT, cancel INTEGER NOT NULL DEFAULT 0, driver TEXT, function_sent INTEGER
 );
-CREATE TABLE job (id INTEGER PRIMARY KEY CHECK (id = 1), function BLOB NOT NULL,
-    items BLOB NOT NULL);
+CREATE TABLE job (id INTEGER PRIMARY KEY CHECK (id = 1), function BLOB,
+    items BLOB NOT NULL, function_file TEXT, function_key TEXT);
 CREATE TABLE rows (idx INTEGER PRIMARY KEY, result BLOB, error TEXT, engine INTEGER,
     node TEXT, host TEXT, seconds REAL);
 """
@@ -110,64 +113,95 @@ def names(cluster: str) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.sqlite") if NAME_RE.match(p.stem))
 
 
+def function_files(cluster: str, name: str) -> list[Path]:
+    """The function images of a run (one; more only while a kernel that chose that name
+    lost the race for it)."""
+    return list(runs_dir(cluster, make=False).glob(f"{check_run_name(name)}@*.fn"))
+
+
 # -- writing (the kernel that maps; the driver) ------------------------------------------------
 def create(
     cluster: str,
     name: str | None,
-    function: bytes,
+    function: list,
     items: list,
     *,
     retries: int,
     pool: str | None = None,
     nodes: list[str] | None = None,
 ) -> str:
-    """Write a new run's store (status ``submitted``); its name, made when not given."""
+    """Write a new run's store (status ``submitted``) and its function's image (``function``:
+    ``tasks.pack``'s parts); its name, made when not given."""
+    import secrets
+
     import cloudpickle
+
+    from .tasks import frame, key_of, write_image
 
     folder = runs_dir(cluster)
     if name is not None:
         check_run_name(name)
     blob = cloudpickle.dumps(items, protocol=5)
+    pieces = frame(function)
+    key, token = key_of(pieces), secrets.token_hex(4)
+    image = folder / f".{os.getpid()}.{token}.fn"
+    write_image(str(image), pieces, sync=True)  # on disk before a store names it
     tries = 0
-    while True:
-        chosen = name or _free_name(cluster)
-        final = folder / f"{chosen}.sqlite"
-        tmp = folder / f".{chosen}.{os.getpid()}.tmp"
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        os.close(fd)
-        db = sqlite3.connect(tmp, isolation_level=None)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")  # kept by the file: every later opener's
-            db.executescript(SCHEMA)
-            db.execute("BEGIN")
-            db.execute(
-                "INSERT INTO run (id, name, cluster, status, total, started, retries, pool, nodes)"
-                " VALUES (1, ?, ?, 'submitted', ?, ?, ?, ?, ?)",
-                (chosen, cluster, len(items), time.time(), retries, pool, _json(nodes)),
-            )
-            db.execute("INSERT INTO job VALUES (1, ?, ?)", (function, blob))
-            db.execute("COMMIT")
-        finally:
-            db.close()
-        try:
-            os.link(tmp, final)  # all or nothing, and never over a run of the same name
-        except FileExistsError:
-            os.unlink(tmp)
+    try:
+        while True:
+            chosen = name or _free_name(cluster)
+            function_file = f"{chosen}@{token}.fn"
+            os.replace(image, folder / function_file)  # named for its run before it exists
+            image = folder / function_file
+            if _store(folder, chosen, cluster, retries, pool, nodes, len(items), blob, image, key):
+                return chosen
             tries += 1
             if name is not None:
                 raise LoungeError(
                     f"Cluster {cluster!r} already has a run named {name!r}: choose another "
                     f"name=, or delete it with `lounge.run({name!r}).delete()`."
-                ) from None
+                )
             if tries > 100:
-                raise LoungeError(f"No free run name in {folder}.") from None
-            continue
+                raise LoungeError(f"No free run name in {folder}.")
+    except BaseException:
+        image.unlink(missing_ok=True)
+        raise
+
+
+def _store(folder, chosen, cluster, retries, pool, nodes, n, blob, image, key) -> bool:
+    """Make the store of run ``chosen``; False when a run of that name exists."""
+    final = folder / f"{chosen}.sqlite"
+    tmp = folder / f".{chosen}.{os.getpid()}.tmp"
+    try:
         os.unlink(tmp)
-        return chosen
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    os.close(fd)
+    db = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")  # kept by the file: every later opener's
+        db.executescript(SCHEMA)
+        db.execute("BEGIN")
+        db.execute(
+            "INSERT INTO run (id, name, cluster, status, total, started, retries, pool, nodes)"
+            " VALUES (1, ?, ?, 'submitted', ?, ?, ?, ?, ?)",
+            (chosen, cluster, n, time.time(), retries, pool, _json(nodes)),
+        )
+        db.execute(
+            "INSERT INTO job (id, items, function_file, function_key) VALUES (1, ?, ?, ?)",
+            (blob, image.name, key),
+        )
+        db.execute("COMMIT")
+    finally:
+        db.close()
+    try:
+        os.link(tmp, final)  # all or nothing, and never over a run of the same name
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
 
 
 def _free_name(cluster: str) -> str:
@@ -201,8 +235,24 @@ class Store:
     def meta(self) -> dict:
         return _meta(self.db)
 
-    def job(self) -> tuple[bytes, bytes]:
-        return self.db.execute("SELECT function, items FROM job WHERE id = 1").fetchone()
+    def job(self) -> tuple[str, Any, bytes, str | None]:
+        """The function's key and image (mapped from its file), the pickled items, and the
+        image's file."""
+        from .tasks import frame, key_of, map_image
+
+        columns = {r[1] for r in self.db.execute("PRAGMA table_info(job)")}
+        if "function_file" in columns:
+            file, key, items = self.db.execute(
+                "SELECT function_file, function_key, items FROM job WHERE id = 1"
+            ).fetchone()
+            if file:
+                if "/" in file or not file.endswith(".fn"):
+                    raise LoungeError(f"Run store {self.path} names no function file: {file!r}.")
+                path = str(self.path.parent / file)
+                return key, map_image(path), items, path
+        function, items = self.db.execute("SELECT function, items FROM job WHERE id = 1").fetchone()
+        pieces = frame([function])  # a run stored before the images: its function in the store
+        return key_of(pieces), b"".join(pieces), items, None
 
     def done(self) -> set[int]:
         return {i for (i,) in self.db.execute("SELECT idx FROM rows")}
@@ -390,7 +440,7 @@ class Run:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=self._meta()["total"], desc=self.name, unit="item")
-        shown, looked = 0, 0.0
+        shown, looked, began = 0, 0.0, time.monotonic()
         try:
             while True:
                 s = self.summary()
@@ -408,7 +458,8 @@ class Run:
                         f"({s['done']} of {s['total']} items done); it goes on: follow it with "
                         f"run({self.name!r}, cluster={self.cluster!r}).wait(), or .cancel() it."
                     )
-                time.sleep(FOLLOW_S)
+                # often at first (a short run ends soon), then every FOLLOW_S
+                time.sleep(min(FOLLOW_S, max(0.01, (time.monotonic() - began) / 20)))
         finally:
             if bar is not None:
                 bar.close()
@@ -452,6 +503,8 @@ class Run:
                 os.unlink(f"{self.path}{suffix}")
             except FileNotFoundError:
                 pass
+        for path in function_files(self.cluster, self.name):
+            path.unlink(missing_ok=True)
 
 
 def _unpack(blob: bytes | None) -> Any:

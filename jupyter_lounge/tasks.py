@@ -1,10 +1,20 @@
-"""What runs inside an engine for ``map`` and ``%%lounge``: importable, so it pickles by name."""
+"""What runs inside an engine for ``map`` and ``%%lounge``: importable, so it pickles by name.
+
+A map's function travels as one *image*: its pickle (protocol 5) with the large buffers of
+what it closes over (a NumPy array) kept out of band, each after the pickle's header, aligned
+(``frame``). The image goes from the kernel to the run's folder, from the run driver to one
+engine per node (one frame, no copy), and from that engine to its siblings as a file, which
+each maps (copy-on-write: an array of the closure is read from the page cache where it lies,
+and is writable as an unpickled one is); ``pickle.loads(header, buffers=...)`` copies none.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import socket
+import struct
 import time
 import traceback
 
@@ -19,11 +29,103 @@ KEEP_FUNCTIONS = 4
 loads: dict[str, int] = {}
 
 
-def run_batch(key: str, batch: bytes, function: bytes | None = None, wait_s: float = 0.0) -> dict:
+MAGIC = b"LNGFN01\n"
+ALIGN = 64  # each part starts at a multiple of this (a mapped array is aligned)
+
+
+# -- the function's image ----------------------------------------------------------------------
+def pack(fn) -> list:
+    """``fn`` pickled (protocol 5): the header, then each large buffer, out of band."""
+    import cloudpickle
+
+    buffers: list = []
+    header = cloudpickle.dumps(fn, protocol=5, buffer_callback=buffers.append)
+    return [header, *(b.raw() for b in buffers)]
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def frame(parts: list) -> list:
+    """The pieces of the image of ``parts`` (header and buffers), padding included, to write
+    or join: the magic, the number and sizes of the parts, then each part, aligned."""
+    sizes = [memoryview(p).nbytes for p in parts]
+    head = MAGIC + struct.pack(f"<Q{len(sizes)}Q", len(sizes), *sizes)
+    pieces, at = [head], len(head)
+    for part, size in zip(parts, sizes):
+        pad = _align(at) - at
+        pieces += [b"\0" * pad, part]
+        at += pad + size
+    return pieces
+
+
+def unframe(image) -> list[memoryview]:
+    """The parts of an image (views into it, no copy); a ValueError if it is not one."""
+    view = memoryview(image).cast("B")
+    if bytes(view[:8]) != MAGIC:
+        raise ValueError("not a map function's image")
+    (n,) = struct.unpack_from("<Q", view, 8)
+    sizes = struct.unpack_from(f"<{n}Q", view, 16)
+    parts, at = [], 16 + 8 * n
+    for size in sizes:
+        at = _align(at)
+        parts.append(view[at : at + size])
+        at += size
+    if at > len(view):
+        raise ValueError("a map function's image cut short")
+    return parts
+
+
+def key_of(pieces) -> str:
+    """The function's key: the hash of its image (the engines keep it by that)."""
+    h = hashlib.sha256()
+    for piece in pieces:
+        h.update(piece)
+    return h.hexdigest()[:16]
+
+
+def write_image(path: str, pieces: list, sync: bool) -> None:
+    """Write an image (``frame``'s pieces) to ``path``, owner-only: to a temporary name, then
+    renamed (a reader sees all of it or nothing); ``sync``: on disk before it is renamed."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for piece in pieces:
+                f.write(piece)
+            f.flush()
+            if sync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def map_image(path: str, writable: bool = False):
+    """The image in ``path``, mapped (no copy); ``writable``: copy-on-write, private."""
+    import mmap
+
+    with open(path, "rb") as f:
+        access = mmap.ACCESS_COPY if writable else mmap.ACCESS_READ
+        return memoryview(mmap.mmap(f.fileno(), 0, access=access))
+
+
+def load(image):
+    """The function of an image; its buffers are views into it (keep it writable)."""
+    parts = unframe(image)
+    return pickle.loads(parts[0], buffers=parts[1:])
+
+
+def run_batch(key: str, batch: bytes, function=None, wait_s: float = 0.0) -> dict:
     """Run one batch of a map: ``fn(**item)`` for each dict item of the cloudpickled list
     ``batch``, ``fn(item)`` for any other, where ``fn`` is the map's function.
 
-    The function travels once per node: ``function`` (its pickle) comes with the first batch
+    The function travels once per node: ``function`` (its image) comes with the first batch
     to one engine of each node, which keeps it in memory and leaves a copy in the agent's
     private folder (``LOUNGE_SHARE_DIR``); its siblings' first batches say ``wait_s``: read
     that copy, waiting for it as long. Later batches name the function by ``key`` alone.
@@ -42,11 +144,15 @@ def run_batch(key: str, batch: bytes, function: bytes | None = None, wait_s: flo
         path = _shared(key)
         if function is None and path is not None:  # a sibling's copy (wait_s: for it)
             function = _wait_for(path, wait_s)
-        elif function is not None and path is not None:
-            _leave(path, function)
+        elif function is not None:  # mapped from the node's copy, else a writable copy
+            function = (
+                map_image(path, writable=True)
+                if path is not None and _leave(path, function)
+                else bytearray(function)
+            )
         if function is None:
             return {"missing": key}
-        fn = _functions[key] = cloudpickle.loads(function)
+        fn = _functions[key] = load(function)
         loads[key] = loads.get(key, 0) + 1
         while len(_functions) > KEEP_FUNCTIONS:
             _functions.pop(next(iter(_functions)))
@@ -94,40 +200,47 @@ def _pack(result) -> bytes:
 
 def _shared(key: str) -> str | None:
     folder = os.environ.get("LOUNGE_SHARE_DIR")
-    return os.path.join(folder, f"map-{key}.pkl") if folder else None
+    return shared_path(folder, key) if folder else None
 
 
-def _leave(path: str, data) -> None:
-    """A copy for the siblings: written whole, then renamed (a reader sees all or nothing);
-    only the last few maps' copies are kept."""
-    if os.path.exists(path):
-        return
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-        folder = os.path.dirname(path)
-        old = sorted(
-            (p for p in os.listdir(folder) if p.startswith("map-") and p.endswith(".pkl")),
-            key=lambda p: os.stat(os.path.join(folder, p)).st_mtime,
-        )
-        for name in old[:-KEEP_FUNCTIONS]:
-            os.unlink(os.path.join(folder, name))
-    except OSError:  # a full disk: the siblings get it over the network instead
+def shared_path(folder: str, key: str) -> str:
+    """Where the engines of an agent whose private folder is ``folder`` look for the copy of
+    a map's function (their ``LOUNGE_SHARE_DIR``)."""
+    return os.path.join(folder, f"map-{key}.pkl")
+
+
+def prune(folder: str) -> None:
+    """Keep the last few maps' copies in ``folder`` (one removed stays readable to an engine
+    that mapped it)."""
+    old = sorted(
+        (p for p in os.listdir(folder) if p.startswith("map-") and p.endswith(".pkl")),
+        key=lambda p: os.stat(os.path.join(folder, p)).st_mtime,
+    )
+    for name in old[:-KEEP_FUNCTIONS]:
         try:
-            os.unlink(tmp)
-        except OSError:
+            os.unlink(os.path.join(folder, name))
+        except FileNotFoundError:
             pass
 
 
-def _wait_for(path: str, wait_s: float) -> bytes | None:
+def _leave(path: str, image) -> bool:
+    """A copy for the siblings (written whole, then renamed: a reader sees all or nothing);
+    whether it is there. Only the last few maps' copies are kept (``prune``)."""
+    if os.path.exists(path):
+        return True
+    try:
+        write_image(path, [image], sync=False)
+        prune(os.path.dirname(path))
+    except OSError:  # a full disk: the siblings get it over the network instead
+        return os.path.exists(path)
+    return True
+
+
+def _wait_for(path: str, wait_s: float):
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            with open(path, "rb") as f:
-                return f.read()
+            return map_image(path, writable=True)
         except FileNotFoundError:
             if time.monotonic() > deadline:
                 return None

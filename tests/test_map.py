@@ -78,7 +78,41 @@ def test_the_function_and_its_closure_travel_once_per_node_and_load_once_per_eng
     }
     counts = [count for seen in new.values() for count in seen.values() if count]
     assert counts == [1] * len(counts) and len(counts) == df.engine.nunique() == 4
-    assert df.attrs["function_sent"] == 1  # one node here: the others read its copy
+    # local engines: none was sent it over the network; the driver linked the run's image
+    # where they look for a sibling's copy, and each mapped that file
+    assert df.attrs["function_sent"] == 0
+    from jupyter_lounge import runstore
+
+    (image,) = runstore.function_files(cluster.name, df.attrs["run"])
+    (copy,) = [p for p in cluster.dir.glob("map-*.pkl") if p.stat().st_ino == image.stat().st_ino]
+    assert copy.stat().st_mode & 0o777 == image.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_image_keeps_large_buffers_out_of_band_and_loads_them_in_place(tmp_path):
+    import numpy as np
+
+    from jupyter_lounge import tasks
+
+    def closure():
+        weights = np.arange(1_000_000, dtype=np.float64)
+
+        def f(i):
+            weights[0] = -1.0  # what it closes over stays writable, as when pickled in band
+            return float(weights[i])
+
+        return f
+
+    parts = tasks.pack(closure())
+    assert len(parts) == 2 and len(parts[0]) < 10_000 and parts[1].nbytes == 8_000_000
+    path = str(tmp_path / "image")
+    tasks.write_image(path, tasks.frame(parts), sync=True)
+    fn = tasks.load(tasks.map_image(path, writable=True))
+    assert fn(0) == -1.0 and fn(999_999) == 999_999.0
+    weights = fn.__closure__[0].cell_contents
+    assert not weights.flags.owndata and weights.ctypes.data % tasks.ALIGN == 0  # in the map
+    assert tasks.load(bytearray(b"".join(tasks.frame(parts))))(5) == 5.0
+    with open(path, "rb") as f:  # the file is as written: the engine's writes are its own
+        assert tasks.unframe(f.read())[1].tobytes() == parts[1].tobytes()
 
 
 def test_an_engine_killed_mid_batch_loses_no_item_and_doubles_none(cluster):

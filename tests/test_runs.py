@@ -176,13 +176,23 @@ def test_a_stopped_cluster_keeps_its_runs_until_forget(lounge_dir, tmp_path):
     # a cluster of that name again sees the runs; --forget removes them with it
     cluster = Lounge(2, name="kept", wait=True).start_sync()
     assert [r["name"] for r in cluster.runs()] == ["r1"]
+    assert len(runstore.function_files("kept", "r1")) == 1  # kept with its store
     cluster.stop_sync(forget=True)
     assert runs() == [] and not (lounge_dir / "kept").exists()
 
 
 def test_delete_and_bad_names(cluster):
     cluster.map(abs, [-1], name="gone", progress=False)
+    cluster.map(abs, [-1], name="gone.too", progress=False)  # its files start with "gone."
+    assert len(runstore.function_files("runs", "gone")) == 1
     cluster.run("gone").delete()
+    assert runstore.function_files("runs", "gone") == []  # its function's image too
+    assert len(runstore.function_files("runs", "gone.too")) == 1
+    cluster.run("gone.too").delete()
+    assert sorted(p.name for p in runstore.runs_dir("runs").iterdir() if p.name[0] != ".") == [
+        "driver.json",
+        "driver.log",
+    ]
     with pytest.raises(LoungeError, match="Cluster 'runs' has no run named 'gone'"):
         cluster.run("gone")
     for bad in ("../x", "a b", "-x", ""):
@@ -197,6 +207,8 @@ def test_the_store_is_private_and_holds_one_row_per_item(cluster):
     cluster.map(lambda v: {"v": v}, range(10), name="p", progress=False)
     path = runstore.store_path("runs", "p")
     assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+    (image,) = runstore.function_files("runs", "p")  # the function, beside its store
+    assert image.stat().st_mode & 0o777 == 0o600
     db = sqlite3.connect(path)
     status, total, done_, errors = db.execute(
         "SELECT status, total, done, errors FROM run"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import signal
 import sys
 import time
@@ -294,6 +295,14 @@ class DaskEngines(EngineKind):
         }
 
     def submit_to(self, client, engine, fn, *args):
+        # A buffer (a map's function image, 40 MB with its closure) goes to that worker on
+        # its own, out of band, not in the task graph the scheduler unpickles and pickles again
+        args = tuple(
+            client.scatter(pickle.PickleBuffer(a), workers=[engine], hash=False)
+            if isinstance(a, memoryview)
+            else a
+            for a in args
+        )
         return client.submit(fn, *args, workers=[engine], allow_other_workers=False, pure=False)
 
     def wait_any(self, futures, timeout):
