@@ -301,6 +301,11 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
                 finally:
                     os.close(spare[1])
             removed, in_use = _prune(envs, name, keep)
+            if spare is None:
+                candidates = set()  # no tree left and none changed
+            else:  # the objects of the entries the change replaced
+                kept = {object_key(e) for e in entries if e[1] == "f"}
+                candidates = {object_key(e) for e in before if e[1] == "f"} - kept
         else:
             switch_data(store, name, tid, entries, prune=False)
             removed, in_use = [], []
@@ -310,8 +315,10 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
         def tidy() -> None:
             store.save_manifest(tid, entries)
             if kind == "env":
-                _empty_trash(envs)
-                store.collect(trees_in_use(base))
+                if _empty_trash(envs):  # (also those an earlier tidy left)
+                    store.collect(trees_in_use(base))
+                else:
+                    store.collect(trees_in_use(base), candidates)
             else:
                 prune_data(store, name)  # and collects, when it removed one
 
@@ -341,10 +348,12 @@ def _discard(envs: str, name: str) -> None:
     os.rename(os.path.join(envs, name), os.path.join(envs, f".trash-{name}-{os.getpid()}"))
 
 
-def _empty_trash(envs: str) -> None:
-    for entry in os.listdir(envs):
-        if entry.startswith(".trash-"):
-            shutil.rmtree(os.path.join(envs, entry), ignore_errors=True)
+def _empty_trash(envs: str) -> int:
+    """Remove the environments taken out of use; how many there were."""
+    found = [entry for entry in os.listdir(envs) if entry.startswith(".trash-")]
+    for entry in found:
+        shutil.rmtree(os.path.join(envs, entry), ignore_errors=True)
+    return len(found)
 
 
 def _object_chunks(frames, size: int):

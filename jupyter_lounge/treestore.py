@@ -309,22 +309,29 @@ class Store:
             remove_tree(tmp)
             raise
 
-    def collect(self, keep_trees: set[str]) -> int:
-        """Remove manifests not in ``keep_trees`` and objects no tree links to; the count."""
+    def collect(self, keep_trees: set[str], candidates=None) -> int:
+        """Remove manifests not in ``keep_trees`` and objects no tree links to; the count.
+        ``candidates``: only these object keys can have lost their last link (a tree changed
+        in place): look at them alone, not at every object."""
         for name in os.listdir(self.trees):
             if name.endswith(".z") and name[:-2] not in keep_trees:
                 _unlink(os.path.join(self.trees, name))
+        if candidates is None:
+            candidates = (
+                os.path.join(self.objects, sub, name)
+                for sub in os.listdir(self.objects)
+                for name in os.listdir(os.path.join(self.objects, sub))
+            )
+        else:
+            candidates = [self.path(key) for key in candidates]
         removed = 0
-        for sub in os.listdir(self.objects):
-            folder = os.path.join(self.objects, sub)
-            for name in os.listdir(folder):
-                path = os.path.join(folder, name)
-                try:
-                    if os.lstat(path).st_nlink == 1:
-                        os.unlink(path)
-                        removed += 1
-                except FileNotFoundError:
-                    pass
+        for path in candidates:
+            try:
+                if os.lstat(path).st_nlink == 1:
+                    os.unlink(path)
+                    removed += 1
+            except FileNotFoundError:
+                pass
         return removed
 
 

@@ -310,6 +310,9 @@ def test_a_new_environment_is_made_from_one_about_to_go_changing_only_what_diffe
         tidied(tmp_path / "local")
         made.append((envs / fp).stat().st_ino)
         assert tree_of(envs / fp) == tree_of(root)
+        if fp == "c" * 16:  # a's data.txt, replaced in place, is collected: versions 1 and 2
+            objects = list((tmp_path / "local" / "store" / "objects").rglob("*.*"))
+            assert len(objects) == 4  # of data.txt, other.txt and python
     assert made[2] == made[0]  # c is what was a (b was the newest: kept)
     assert made[3] not in made[:3]  # d: b was in use, so a new folder
     assert sorted(p.name for p in envs.iterdir()) == ["b" * 16, "c" * 16, "d" * 16]
