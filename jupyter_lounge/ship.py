@@ -85,7 +85,8 @@ def scan(pairs, private: bool, what: str) -> Tree:
     cache = read_json(cache_path) or {}
     fresh = {}
     file_mask, dir_mask = (0o500, 0o700) if private else (0o555, 0o755)
-    entries, tree = [], Tree([], "")
+    entries, tree, files = [], Tree([], ""), []
+    unknown = []  # (entry, path) of files whose hash is not known yet
     for name, path in pairs:
         st = os.lstat(path)
         mode, mtime = st.st_mode, int(st.st_mtime)
@@ -94,16 +95,28 @@ def scan(pairs, private: bool, what: str) -> Tree:
         elif stat.S_ISDIR(mode):
             entries.append([name, "d", (mode & dir_mask) | 0o700, 0, "", mtime])
         elif stat.S_ISREG(mode):
+            path = str(path)
             stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
-            known = cache.get(str(path))
-            sha = known[3] if known and known[:3] == stamp else sha256_file(path)
-            fresh[str(path)] = [*stamp, sha]
-            entry = [name, "f", (mode & file_mask) | 0o400, st.st_size, sha, mtime]
+            known = cache.get(path)
+            entry = [name, "f", (mode & file_mask) | 0o400, st.st_size, "", mtime]
+            if known and known[:3] == stamp:
+                entry[4] = known[3]
+            else:
+                unknown.append((entry, path))
             entries.append(entry)
-            key = treestore.object_key(entry)
-            tree.sources.setdefault(key, str(path))
-            tree.sizes[key] = st.st_size
-            tree.mtimes.setdefault(key, mtime)
+            files.append((entry, path, stamp))
+    if unknown:  # hashlib lets go of the GIL: one thread per core
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            for (entry, _), sha in zip(unknown, pool.map(sha256_file, [p for _, p in unknown])):
+                entry[4] = sha
+    for entry, path, stamp in files:
+        fresh[path] = [*stamp, entry[4]]
+        key = treestore.object_key(entry)
+        tree.sources.setdefault(key, path)
+        tree.sizes[key] = entry[3]
+        tree.mtimes.setdefault(key, entry[5])
     if fresh != cache:
         write_json(cache_path, fresh)
     tree.entries, tree.id = entries, treestore.tree_id(entries)
