@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import select
 import stat
 import subprocess
@@ -38,6 +39,7 @@ HELLO_S = 60.0  # the node program to start and look (ssh, python, the store's l
 MANIFEST_S = 300.0  # the node to check a manifest's objects against its store
 FINISH_S = 600.0  # the node to link the tree and remove old ones
 CHUNK = 1 << 20
+WRITE_AHEAD = 16  # frames queued per node (at most CHUNK each)
 TREES_KEPT = 16  # manifests remembered here, the newest
 
 
@@ -172,7 +174,7 @@ class Session:
         try:
             self.proc.stdin.write(data)
             self.sent += len(data)
-        except (BrokenPipeError, OSError):
+        except (OSError, ValueError):  # a broken pipe, or closed meanwhile
             self.fail(self._said() or "the SSH session ended")
 
     def frame(self, kind: bytes, payload: bytes) -> None:
@@ -286,7 +288,7 @@ def ship(
             known[tid] = recalled(tid)
         return known[tid]
 
-    for name, (s, hello) in live.items():
+    for s, hello in live.values():  # every node checks its manifest at once
         base = tree.id if tree.id in hello["have"] else None
         base = base or next((t for t in hello["have"] if recall(t) is not None), None)
         change = {"tree": tree.id, "keep": keep}
@@ -295,6 +297,7 @@ def ship(
         else:
             change |= {"base": None, "set": tree.entries, "del": []}
         s.frame(b"M", treestore.pack(change))
+    for name, (s, _) in live.items():
         said = s.answer(MANIFEST_S, "checking the manifest")
         if said and said["state"] == "resend":
             full = {"tree": tree.id, "keep": keep, "base": None, "set": tree.entries, "del": []}
@@ -341,13 +344,25 @@ def _send_objects(tree: Tree, keys, sessions: list[Session], progress: bool) -> 
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
                    desc=f"{names}: {len(keys)} files")  # fmt: skip
 
+    # One writer per session, each with a few MiB of slack: a node that is slower for a
+    # moment does not hold the others up (the bytes are read here once).
+    queues = [queue.Queue(WRITE_AHEAD) for _ in sessions]
+    writers = [
+        threading.Thread(target=_write, args=(s, q), daemon=True, name=f"lounge-ship-{s.name}")
+        for s, q in zip(sessions, queues)
+    ]
+    for w in writers:
+        w.start()
+
     def send(kind: bytes, payload: bytes) -> None:
         data = envstore.frame(kind, payload)
-        for s in sessions:
-            s.send(data)
+        for s, q in zip(sessions, queues):
+            if not s.failed:
+                q.put(data)
         if all(s.failed for s in sessions):
             raise LoungeError("every node's SSH session ended while shipping")
 
+    unreadable = None
     try:
         for i, key in enumerate(keys):
             head = {"key": key, "size": tree.sizes[key], "mtime": tree.mtimes.get(key)}
@@ -367,8 +382,20 @@ def _send_objects(tree: Tree, keys, sessions: list[Session], progress: bool) -> 
     except LoungeError:
         pass
     except OSError as e:  # a file changed under us: the node keeps what arrived
-        for s in sessions:
-            s.fail(f"{tree.sources.get(key, '?')} could not be read here: {e}")
+        unreadable = f"{tree.sources.get(key, '?')} could not be read here: {e}"
     finally:
+        for q in queues:
+            q.put(None)
+        for w in writers:
+            w.join()
         if bar is not None:
             bar.close()
+    if unreadable:
+        for s in sessions:
+            s.fail(unreadable)
+
+
+def _write(session: Session, chunks: queue.Queue) -> None:
+    """Write what comes in ``chunks`` to the session until None; after a failure, drain."""
+    while (data := chunks.get()) is not None:
+        session.send(data)  # a no-op once the session failed
