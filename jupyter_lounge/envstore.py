@@ -55,7 +55,7 @@ except ImportError:  # sent as source after trust.py's and treestore.py's: names
     pass
 
 MARKER = ".lounge-env"
-KEEP = 2  # environments kept on a node: the new one and the one before (sync.KEEP)
+KEEP = 2  # environments kept on a node at most: the new one and the one before it (sync.KEEP)
 #: The command-line program ssh runs (with ``-I -c``): it reads N bytes of program from stdin.
 BOOT = (
     "import os,sys\n"
@@ -144,12 +144,25 @@ def _envs(envs: str) -> list[tuple[float, str, str]]:
     return sorted(found, reverse=True)
 
 
-def _spare_env(envs: str, tree: str | None, keep: int) -> tuple[str, int] | None:
-    """An environment of tree ``tree`` that this sync would remove anyway (older than the
-    newest ``keep - 1``) and no agent runs: its folder, and its marker's descriptor holding
-    the lock that keeps an agent from starting on it (launch waits for it, then finds it
-    gone). None when there is none."""
-    for _, name, found in _envs(envs)[max(keep - 1, 0) :]:
+def _spare_order(envs: str) -> list[tuple[str, str]]:
+    """The environments a sync may make the new one from, the best first: (name, tree). The
+    oldest first, the newest last (a sync keeps the one before the new one while it can), and
+    none an agent runs."""
+    found = []
+    for _, name, tree in reversed(_envs(envs)):
+        fd = _claim(os.path.join(envs, name))
+        if fd is not None:
+            os.close(fd)
+            found.append((name, tree))
+    return found
+
+
+def _spare_env(envs: str, tree: str | None) -> tuple[str, int] | None:
+    """An environment of tree ``tree`` no agent runs, to be made into the new one in place
+    (see ``_spare_order``): its folder, and its marker's descriptor holding the lock that keeps
+    an agent from starting on it (launch waits for it, then finds it gone). None when there is
+    none."""
+    for name, found in _spare_order(envs):
         if found == tree and (fd := _claim(os.path.join(envs, name))) is not None:
             return os.path.join(envs, name), fd
     return None
@@ -252,9 +265,9 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
         raise ValueError(f"{name!r} cannot name a data set: use letters, digits and _")
     with Store(base) as store:
         have = sorted(n[:-2] for n in os.listdir(store.trees) if n.endswith(".z"))
-        if kind == "env" and os.path.isdir(envs):  # the best base first (see _spare_env)
-            spare = [t for _, _, t in _envs(envs)[KEEP - 1 :]]
-            have = [t for t in reversed(spare) if t in have] + [t for t in have if t not in spare]
+        if kind == "env" and os.path.isdir(envs):  # the best base first (see _spare_order)
+            spare = [t for _, t in _spare_order(envs)]
+            have = [t for t in spare if t in have] + [t for t in have if t not in spare]
         _say({"state": "absent", "have": have, "free_mib": store.free_mib()})
         change, entries, before = _manifest(store, frames)
         _check_entries(entries, kind)
@@ -292,7 +305,7 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
                 _discard(envs, name)  # a broken one (no marker), or forced
             marker = {MARKER: json.dumps({"fingerprint": name, "tree": tid, "time": time.time()})
                       .encode()}  # fmt: skip
-            spare = None if force else _spare_env(envs, change.get("base"), keep)
+            spare = None if force else _spare_env(envs, change.get("base"))
             if spare is None:
                 store.link_tree(entries, env, SHARED, marker)
             else:  # only what changed: the work of the change, not of the whole tree

@@ -96,13 +96,13 @@ def test_a_second_environment_ships_only_the_changed_file_and_the_manifest_chang
     first = ship_it(here, root)
     assert first["files"] == 203
     (root / "lib" / "module_007.py").write_text("VALUE = 'changed'\n")
+    unchanged = (tmp_path / "local" / "envs" / FP / "lib" / "module_008.py").stat().st_ino
     again = ship_it(here, root, name="f" * 16)
     assert again["status"] == "shipped" and again["files"] == 1 and again["bytes"] == 18
     assert again["wire"] < first["wire"] / 5 and again["wire"] < 4096  # only the delta
     env = tmp_path / "local" / "envs" / ("f" * 16)
     assert (env / "lib" / "module_007.py").read_text() == "VALUE = 'changed'\n"
-    old = tmp_path / "local" / "envs" / FP / "lib" / "module_008.py"
-    assert (env / "lib" / "module_008.py").stat().st_ino == old.stat().st_ino  # one copy
+    assert (env / "lib" / "module_008.py").stat().st_ino == unchanged  # one copy
 
 
 def test_a_file_that_changed_after_hashing_is_refused_and_leaves_nothing(here, tmp_path):
@@ -143,21 +143,23 @@ def test_an_interrupted_sync_keeps_what_arrived_and_the_next_one_resumes(here, t
 
 def test_an_environment_an_agent_runs_is_never_removed(here, tmp_path):
     envs = tmp_path / "local" / "envs"
-    for i, fp in enumerate(("a" * 16, "b" * 16)):
-        assert ship_it(here, folder(tmp_path, f"v{i}"), name=fp)["status"] == "shipped"
-        os.utime(envs / fp / envstore.MARKER, (1000 + i, 1000 + i))  # a older than b
+
+    def names() -> list[str]:
+        return sorted(p.name for p in envs.iterdir() if not p.name.startswith("."))
+
+    assert ship_it(here, folder(tmp_path, "v0"), name="a" * 16)["status"] == "shipped"
     held = os.open(envs / ("a" * 16) / envstore.MARKER, os.O_RDONLY)
     fcntl.flock(held, fcntl.LOCK_SH)  # as launch() does for a running agent
     try:
+        assert ship_it(here, folder(tmp_path, "v1"), name="b" * 16)["status"] == "shipped"
+        for i, fp in enumerate(("a" * 16, "b" * 16)):
+            os.utime(envs / fp / envstore.MARKER, (1000 + i, 1000 + i))  # a older than b
         assert ship_it(here, folder(tmp_path, "v2"), name="c" * 16, keep=1)["status"] == "shipped"
-        assert sorted(p.name for p in envs.iterdir() if not p.name.startswith(".")) == [
-            "a" * 16,  # older, but in use
-            "c" * 16,  # the new one
-        ]
+        assert names() == ["a" * 16, "c" * 16]  # a older, but in use; c made of b
     finally:
         os.close(held)
     assert ship_it(here, folder(tmp_path, "v3"), name="d" * 16, keep=1)["status"] == "shipped"
-    assert sorted(p.name for p in envs.iterdir() if not p.name.startswith(".")) == ["d" * 16]
+    assert names() == ["d" * 16]  # made of a, and c removed
     tidied(tmp_path / "local")
     assert sorted(p.name for p in envs.iterdir()) == ["d" * 16]  # the old ones' files too
     objects = sorted((tmp_path / "local" / "store" / "objects").rglob("*.*"))
@@ -287,32 +289,38 @@ def tree_of(root: Path) -> dict:
     return found
 
 
-def test_a_new_environment_is_made_from_one_about_to_go_changing_only_what_differs(here, tmp_path):
-    """With two environments there, the older (which the new one's sync would remove) is
-    made into the new one in place, unless an agent runs it."""
+def test_a_new_environment_is_made_from_one_no_agent_runs_changing_only_what_differs(
+    here, tmp_path
+):
+    """A sync makes the new environment from an old one in place (the oldest first, so the one
+    before the new one stays while it can), never from one an agent runs; with every one in
+    use it links the new one afresh beside them."""
     root = folder(tmp_path)
     envs = tmp_path / "local" / "envs"
     made = []
-    for i, fp in enumerate(("a" * 16, "b" * 16, "c" * 16, "d" * 16)):
+    for i, (fp, running) in enumerate([("a", ""), ("b", ""), ("c", "b"), ("d", ""), ("e", "cd")]):
         (root / "lib" / "pkg" / "data.txt").write_text(f"version {i}")
         (root / "lib" / f"only_in_{i}").mkdir()
         (root / "lib" / f"only_in_{i - 1}").exists() and (
             (root / "lib" / f"only_in_{i - 1}").rmdir())  # fmt: skip
-        held = None
-        if fp == "d" * 16:  # b, the spare one now, runs an agent: d is linked afresh
-            held = os.open(envs / ("b" * 16) / envstore.MARKER, os.O_RDONLY)
-            fcntl.flock(held, fcntl.LOCK_SH)
+        held = []
+        for other in running:  # as launch() holds it for a running agent
+            held.append(os.open(envs / (other * 16) / envstore.MARKER, os.O_RDONLY))
+            fcntl.flock(held[-1], fcntl.LOCK_SH)
         try:
-            assert ship_it(here, root, name=fp)["status"] == "shipped"
+            assert ship_it(here, root, name=fp * 16)["status"] == "shipped"
         finally:
-            if held is not None:
-                os.close(held)
+            for fd in held:
+                os.close(fd)
         tidied(tmp_path / "local")
-        made.append((envs / fp).stat().st_ino)
-        assert tree_of(envs / fp) == tree_of(root)
-        if fp == "c" * 16:  # a's data.txt, replaced in place, is collected: versions 1 and 2
+        made.append((envs / (fp * 16)).stat().st_ino)
+        assert tree_of(envs / (fp * 16)) == tree_of(root)
+        if fp == "b":  # a's data.txt, replaced in place, is collected
             objects = list((tmp_path / "local" / "store" / "objects").rglob("*.*"))
-            assert len(objects) == 4  # of data.txt, other.txt and python
-    assert made[2] == made[0]  # c is what was a (b was the newest: kept)
-    assert made[3] not in made[:3]  # d: b was in use, so a new folder
-    assert sorted(p.name for p in envs.iterdir()) == ["b" * 16, "c" * 16, "d" * 16]
+            assert len(objects) == 3  # data.txt, other.txt and python
+            assert sorted(p.name for p in envs.iterdir()) == ["b" * 16]
+    assert made[1] == made[0]  # b is what was a: the lone one, no agent on it
+    assert made[2] not in made[:2]  # c: b runs an agent, so a new folder
+    assert made[3] == made[0]  # d is what was b, the older one (c, the one before, stays)
+    assert made[4] not in made[:4]  # e: c and d both run agents
+    assert sorted(p.name for p in envs.iterdir()) == ["c" * 16, "d" * 16, "e" * 16]
