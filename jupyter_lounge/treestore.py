@@ -180,7 +180,10 @@ class Store:
                     size += len(chunk)
                     out.write(chunk)
             if h.hexdigest() != sha:
-                raise StoreError(f"a file arrived damaged (its sha256 is not {sha[:12]}...)")
+                raise StoreError(
+                    f"a file arrived other than it was hashed (its sha256 is not {sha[:12]}...):"
+                    " it changed while the sync read it, or on the way; run the sync again"
+                )
             os.chmod(tmp, int(mode, 8))
             if mtime is not None:
                 os.utime(tmp, (mtime, mtime))
