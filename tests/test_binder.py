@@ -34,6 +34,7 @@ def _run(cmd, *, cwd, env, timeout, what):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a venv, pip, a lab build: 6 min here (each step has its own)
 def test_binder_files_alone_give_lab_with_the_extension_and_a_running_quickstart(
     tmp_path, lounge_dir
 ):

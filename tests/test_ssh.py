@@ -338,7 +338,8 @@ def test_lounge_sync_ships_once_then_agents_run_the_prepositioned_python(
     edited.write_text("EDITED = True\n")
     pairs = sync.env_pairs
     monkeypatch.setattr(sync, "env_pairs", lambda: [*pairs(), ("lib/edited.py", edited)])
-    monkeypatch.setattr(sync, "fingerprint", lambda: "e" * 16)
+    fresh = os.urandom(8).hex()  # no node has it, whatever ran on the testbed before
+    monkeypatch.setattr(sync, "fingerprint", lambda: fresh)
     backend = make_backend("ssh", inventory=lounge_toml["inventory"])
     rows = run_sync(backend.sync_env(["node1", "node2", "node3"], progress=False))
     assert [(r["status"], r["files"]) for r in rows] == [("shipped", 1)] * 3

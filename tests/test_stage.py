@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_lounge import Lounge, stage
+from jupyter_lounge import Lounge, ship, stage
 from jupyter_lounge.errors import LoungeError
 
 from .conftest import processes_under, slurm_testbed_problem, wait_until
@@ -32,7 +32,7 @@ def data_folder(root: Path, small: int = 300, large: int = 2, large_mib: int = 8
         path.write_bytes(os.urandom(1024 + i * 10))
     for i in range(large):
         (root / f"weights_{i}.bin").write_bytes(os.urandom(large_mib * 2**20))
-    (root / "labels.csv").write_text("tile,label\n0,tumour\n")
+    (root / "labels.csv").write_text(f"tile,label\n0,tumour\n# {os.urandom(8).hex()}\n")
     return root
 
 
@@ -95,7 +95,8 @@ def test_local_engines_read_the_folder_where_it_is(tmp_path, lounge_dir):
             return path, os.environ["LOUNGE_DATA_TISSUE"], open(f"{path}/labels.csv").read()
 
         df = cluster.map(read, range(2), progress=False)
-        assert df.result.tolist() == [(str(root), str(root), "tile,label\n0,tumour\n")] * 2
+        labels = (root / "labels.csv").read_text()
+        assert df.result.tolist() == [(str(root), str(root), labels)] * 2
     finally:
         cluster.stop_sync()
 
@@ -137,7 +138,8 @@ def test_stage_ships_once_then_only_the_changed_file_and_engines_read_their_own_
     assert all(r["status"] == "shipped" and r["files"] == files for r in first.values())
     assert first["node1"]["path"] == "/var/local/lounge/data/tissue"
 
-    (root / "labels.csv").write_text("tile,label\n0,healthy\n")
+    healthy = f"tile,label\n0,healthy\n# {os.urandom(8).hex()}\n"  # new to every node
+    (root / "labels.csv").write_text(healthy)
     again = by_node(lounge("stage", str(root), "--name", "tissue", *args))
     assert [(r["status"], r["files"]) for r in again.values()] == [("shipped", 1)] * 2
     assert all(r["MiB"] < 0.001 for r in again.values())  # 22 bytes, not 16 MiB
@@ -167,7 +169,7 @@ def test_stage_ships_once_then_only_the_changed_file_and_engines_read_their_own_
         assert {r[0] for r in df.result} == {"node1", "node2"}
         assert all(r[1].startswith("/var/local/lounge/data/.tissue.") for r in df.result)
         assert not Path(df.result[0][1]).exists()  # on the node's own disk, not here
-        assert {(r[2], r[3]) for r in df.result} == {("tile,label\n0,healthy\n", weights)}
+        assert {(r[2], r[3]) for r in df.result} == {(healthy, weights)}
     finally:
         cluster.stop_sync()
 
@@ -205,15 +207,21 @@ def test_an_interrupted_stage_keeps_what_arrived_and_the_next_one_resumes(
     root = data_folder(tmp_path / "big", small=0, large=24, large_mib=4)
     cmd = [sys.executable, "-m", "jupyter_lounge.cli", "stage", str(root), "--name", "big",
            "--inventory", inventory, "--pool", "a", "--json"]  # fmt: skip
-    before = len(data_objects(1))
+    objects = TESTBED / "local" / "node1" / "lounge" / "store" / "objects"
+    wanted = [objects / sha[:2] / f"{sha}.400" for sha in map(ship.sha256_file, root.iterdir())]
+
+    def arrived() -> int:  # a look at these files alone: the store may hold thousands more
+        return sum(p.exists() for p in wanted)
+
+    assert arrived() == 0 and len(wanted) == 25
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_until(lambda: len(data_objects(1)) > before, 60, "some files on node1")
+        wait_until(lambda: arrived() > 0, 60, "some files on node1", interval=0.005)
     finally:
         proc.kill()  # the sender dies mid-stream; its ssh sessions end with it
         proc.wait()
     time.sleep(1)
-    kept = len(data_objects(1)) - before
+    kept = arrived()
     assert 0 < kept < 25
     assert not (TESTBED / "local/node1/lounge/data/big").exists()  # never half a data set
     again = by_node(lounge("stage", str(root), "--name", "big", "--inventory", inventory,
@@ -246,7 +254,7 @@ def test_slurm_agents_copy_a_data_set_to_scratch_once_and_later_jobs_reuse_it(tm
 
             df = cluster.map(read, range(4), progress=False)
             assert len({r[0] for r in df.result}) == 2
-            assert {r[2] for r in df.result} == {"tile,label\n0,tumour\n"}
+            assert {r[2] for r in df.result} == {(root / "labels.csv").read_text()}
             paths = {r[1] for r in df.result}
             assert len(paths) == 1 and paths.pop().startswith(f"{scratch}/jupyter_lounge-")
             big = next(Path(df.result[0][1]).glob("weights_*.bin")).stat()
