@@ -99,8 +99,12 @@ def test_two_starts_of_one_name_one_wins(lounge_dir):
     ]
     outs = [p.communicate(timeout=180) for p in procs]
     codes = sorted(p.returncode for p in procs)
+    logs = {  # what the cluster's processes said, should the winner's start fail
+        str(f.relative_to(lounge_dir)): f.read_text(errors="replace")[-2000:]
+        for f in sorted((lounge_dir / "twin").rglob("*.log"))
+    }
     try:
-        assert codes == [0, 2], outs
+        assert codes == [0, 2], (outs, logs)
         loser = next(err for p, (_, err) in zip(procs, outs) if p.returncode == 2)
         assert "A cluster named 'twin' is already in use" in loser, outs
         assert [d["name"] for d in state.list_states()] == ["twin"], outs
