@@ -26,7 +26,7 @@ test: $(STAMP) chromium
 	$(PY) -m ruff check jupyter_lounge tests bench examples
 	$(MAKE) --no-print-directory labext-test
 	$(PY) -m pytest -m fast
-	tests/infra/reup 3 8 > .testbed.env
+	tests/infra/reup --fresh 3 8 > .testbed.env
 	set -a; . ./.testbed.env; set +a; $(PY) -m pytest -m "not fast"; rc=$$?; tests/infra/down; exit $$rc
 
 ## The same suite without the testbed (Slurm tests skip, saying why).
