@@ -58,6 +58,43 @@ def _count() -> int:
         context.term()
 
 
+def _running() -> frozenset:
+    """(rank, pid) of every engine the node agents report running."""
+    from jupyter_lounge.cluster import _report
+
+    _cluster.reload()
+    return frozenset(
+        (rank, e.get("pid"))
+        for a in _cluster.agents
+        for rank, e in ((_report(a) or _NO_REPORT).engines or {}).items()
+        if e.get("state") == "running"
+    )
+
+
+_NO_REPORT = type("NoReport", (), {"engines": {}})()
+_settled_as: frozenset | None = None
+
+
+def _settle(timeout: float = 60.0) -> None:
+    """Before each test: when the engines the agents run changed since the last look (an
+    engine that crashed in the test before was replaced: stock engines are not), wait until
+    the controller has exactly those registered, so that no engine registers in the middle of
+    the next test (seen: test_push_pull_function pushed to 3 engines, then pulled from 4)."""
+    global _settled_as
+    if _cluster is None or (running := _running()) == _settled_as:
+        return
+    deadline = time.monotonic() + timeout
+    while _count() != len(running):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"lounge engines: the controller has {_count()} engines registered, the node "
+                f"agent runs {len(running)}, after {timeout:g} s"
+            )
+        time.sleep(0.1)
+        running = _running()
+    _settled_as = running
+
+
 def _wait_for(n: int, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while _count() < n:
@@ -107,10 +144,11 @@ def lounge_add_engines(n: int = 1, profile: str = "iptest", total: bool = False)
 
 
 def lounge_teardown() -> None:
-    global _cluster
+    global _cluster, _settled_as
     if _cluster is not None:
         _cluster.stop_sync()
         _cluster = None
+    _settled_as = None
 
 
 def pytest_configure(config) -> None:
@@ -122,6 +160,10 @@ def pytest_configure(config) -> None:
         lounge_add_engines,
         lounge_teardown,
     )
+
+
+def pytest_runtest_setup(item) -> None:
+    _settle()
 
 
 def pytest_collection_modifyitems(config, items) -> None:

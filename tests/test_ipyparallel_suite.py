@@ -8,24 +8,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import ipyparallel
 import pytest
 
-MODULES = [
-    "test_view_broadcast",
-    "test_magics",
-    "test_client",
-    "test_view",
-    "test_asyncresult",
-    "test_lbview",
-    "test_dependency",
-    "test_executor",
-    "test_remotefunction",
-    "test_label",
-]
+#: their modules in two groups of about equal time (2 min each here), run side by side: the
+#: tests mostly wait (on heartbeats, timeouts, sleeps), so two at once take little more than one
+GROUPS = [
+    ["test_view_broadcast", "test_view", "test_label", "test_executor", "test_dependency",
+     "test_remotefunction"],
+    ["test_client", "test_magics", "test_lbview", "test_asyncresult"],
+]  # fmt: skip
+MODULES = [m for group in GROUPS for m in group]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,45 +30,51 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_ipyparallel_suite_passes_on_lounge_engines(tmp_path, lounge_dir):
-    report = tmp_path / "ipp.xml"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "tests.ipp_lounge",
-            "-p",
-            "no:cacheprovider",
-            "--rootdir",  # theirs: test ids name their modules; our conftest stays out
-            str(Path(ipyparallel.__file__).parent.parent),
-            "-c",
-            os.devnull,
-            "--timeout=120",
-            "-q",
-            "-rfEs",
-            f"--junitxml={report}",
-            "--pyargs",
-            *(f"ipyparallel.tests.{m}" for m in MODULES),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1400,
-    )
-    tail = (run.stdout + run.stderr)[-6000:]
-    suite = ET.parse(report).getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    assert counts["failures"] == counts["errors"] == 0 and run.returncode == 0, tail
-    ran = {
-        next(
-            (part for part in case.get("classname", "").split(".") if part.startswith("test_")), ""
-        )
-        for case in suite.iter("testcase")
-    }
+    runs = []
+    for i, group in enumerate(GROUPS):
+        where = tmp_path / f"group{i}"
+        where.mkdir()
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "JUPYTER_LOUNGE_DIR": str(lounge_dir / str(i)),
+        }
+        out = open(where / "out.txt", "w+")
+        runs.append((where, out, subprocess.Popen(
+            [
+                sys.executable, "-m", "pytest", "-p", "tests.ipp_lounge", "-p", "no:cacheprovider",
+                "--rootdir",  # theirs: test ids name their modules; our conftest stays out
+                str(Path(ipyparallel.__file__).parent.parent),
+                "-c", os.devnull, "--timeout=120", "-q", "-rfEs",
+                f"--junitxml={where / 'ipp.xml'}",
+                "--pyargs", *(f"ipyparallel.tests.{m}" for m in group),
+            ],
+            cwd=where, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+        )))  # fmt: skip
+    deadline = time.monotonic() + 1400
+    counts = dict.fromkeys(("tests", "failures", "errors", "skipped"), 0)
+    ran, tails = set(), []
+    for where, out, proc in runs:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.seek(0)
+        tails.append(f"-- {where.name} (exit {proc.returncode}) --\n" + out.read()[-5000:])
+        out.close()
+        assert (where / "ipp.xml").exists(), tails[-1]
+        suite = ET.parse(where / "ipp.xml").getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        for k in counts:
+            counts[k] += int(suite.get(k, 0))
+        ran |= {
+            next((p for p in case.get("classname", "").split(".") if p.startswith("test_")), "")
+            for case in suite.iter("testcase")
+        }
+        assert proc.returncode == 0, tails[-1]
+    tail = "\n".join(tails)
+    assert counts["failures"] == counts["errors"] == 0, tail
     assert ran == set(MODULES), f"modules that ran: {sorted(ran)}\n{tail}"
     # every module's tests, not a handful: stock ipyparallel 9.2 has ~300 in these modules
     assert counts["tests"] - counts["skipped"] > 250, (counts, tail)
