@@ -3,7 +3,8 @@
 The repository's tracked files are copied to a temporary folder (so nothing built here, no
 labextension and no node_modules, is reused); a new venv gets ``binder/requirements.txt``,
 then ``binder/postBuild`` runs in the copy (it installs jupyter_lounge from it, building the
-sidebar). Then JupyterLab there must list the extension enabled and OK, and
+sidebar and the wheel). Then JupyterLab there must list both extensions, the sidebar and the
+REST API, enabled and OK in the venv's own folders (the checks of test_packaging.py), and
 ``examples/01-quickstart.ipynb`` must execute in that venv's kernel, through
 ``binder/start``, leaving no cluster behind.
 """
@@ -21,6 +22,7 @@ import pytest
 from jupyter_lounge import state
 
 from .conftest import processes_under
+from .test_packaging import labextension_problem, serverext_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,10 +87,7 @@ def test_binder_files_alone_give_lab_with_the_extension_and_a_running_quickstart
         timeout=120,
         what="jupyter labextension list",
     )
-    assert any(
-        "jupyter-lounge" in line and "enabled" in line and "OK" in line
-        for line in labext.splitlines()
-    ), labext
+    assert labextension_problem(labext, venv) is None, labextension_problem(labext, venv)
     serverext = _run(
         ["binder/start", str(bin_ / "jupyter"), "server", "extension", "list"],
         cwd=repo,
@@ -96,7 +95,7 @@ def test_binder_files_alone_give_lab_with_the_extension_and_a_running_quickstart
         timeout=120,
         what="jupyter server extension list",
     )
-    assert "jupyter_lounge.serverext" in serverext and "enabled" in serverext, serverext
+    assert serverext_problem(serverext, venv) is None, serverext_problem(serverext, venv)
 
     out = tmp_path / "executed.ipynb"
     _run(
