@@ -16,7 +16,7 @@ The ways:
   it, except that ``local_dir`` is ``/var/local/lounge-bench``, so that removing the store
   between repetitions does not pull it from under the tests that may be using the testbed's
   ``/var/local/lounge`` at the same time. The env is kind "env" built by
-  ``ship.scan(sync.env_pairs(), private=False, what="env")`` under a fresh 16-hex-digit name
+  ``sync.env_tree()`` (as ``lounge sync`` builds it) under a fresh 16-hex-digit name
   each time (so no node answers "present"); the data set is kind "data", name "bench", built
   by ``ship.scan(ship.folder_pairs(root), private=True, what="bench")``. The time includes
   ``build()`` (hashing). Bytes sent: the sum over the nodes of the row's ``wire`` (manifests,
@@ -24,7 +24,10 @@ The ways:
   The lounge folder (``JUPYTER_LOUNGE_DIR``) is a temporary one; its ``cache`` (the hashes and
   the remembered manifests) is removed before every first sync, so ours' first sync includes
   hashing every file (a cold hash cache: the honest number; a warm one would be faster), and
-  the re-sync finds it warm, as a user's second sync would.
+  the re-sync finds it warm, as a user's second sync would: ours then trusts the RECORDs
+  (which its fingerprint trusts too) and does not list the virtualenv's 48k files again while
+  they and the folders holding them are unchanged, where rsync looks at every file
+  (``lounge sync --force`` lists and checks them all).
 * rsync: ``rsync -a --stats -e "ssh OPTIONS" SRC/ NODE:/var/local/bench-rsync/KIND/``, one
   rsync per node, all started at once (as a user's loop with ``&`` would); OPTIONS are the
   ones the backend's ``ssh_command`` uses. Bytes sent: the sum of rsync's "Total bytes sent".
@@ -40,7 +43,7 @@ The cases, each repeated (``--repeat``, default 3; the table gives the median):
 * one-file re-sync: right after the first sync, one small file changed and the tree synced
   again. The virtualenv itself is never changed: the change is a new file
   ``lib/bench_edit.py`` (a few KB) kept in a small folder EXTRA here; ours ships the pairs of
-  ``sync.env_pairs()`` plus ``("lib/bench_edit.py", that file)`` under a new name (the node
+  ``sync.env_tree([("lib/bench_edit.py", that file)])`` under a new name (the node
   keeps the first tree, so only the manifest's difference and the one file travel); rsync
   syncs ``VENV/ EXTRA/`` (rsync merges its sources) and so sees one new file among 48k;
   tar sends the whole tree again plus EXTRA (it has no delta: that is the point). For the
@@ -263,8 +266,7 @@ class Ours(Way):
 
             def build():
                 t = time.perf_counter()
-                pairs = [*sync.env_pairs(), *extra]
-                built["tree"] = ship.scan(pairs, private=False, what="env")
+                built["tree"] = sync.env_tree(extra)
                 built["seconds"] = time.perf_counter() - t
                 return built["tree"]
 

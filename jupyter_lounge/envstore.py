@@ -270,7 +270,8 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
             have = [t for t in spare if t in have] + [t for t in have if t not in spare]
         _say({"state": "absent", "have": have, "free_mib": store.free_mib()})
         change, entries, before = _manifest(store, frames)
-        _check_entries(entries, kind)
+        _check_entries(change["set"] if kind == "env" else entries, kind)  # (env: the rest
+        # is a manifest this node checked and saved)
         tid, keep = change["tree"], int(change.get("keep", KEEP))
         if kind == "data" and not force and data_current(base, name) == tid:
             _say({"state": "present"})
@@ -310,7 +311,7 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
                 store.link_tree(entries, env, SHARED, marker)
             else:  # only what changed: the work of the change, not of the whole tree
                 try:
-                    store.evolve_tree(spare[0], before, entries, env, SHARED, marker)
+                    store.evolve_tree(spare[0], before, change, env, SHARED, marker)
                 finally:
                     os.close(spare[1])
             removed, in_use = _prune(envs, name, keep)

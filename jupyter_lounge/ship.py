@@ -28,6 +28,7 @@ import stat
 import subprocess
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,6 +153,55 @@ def recalled(tid: str) -> list | None:
         return treestore.unpack(path.read_bytes())
     except (OSError, ValueError):
         return None
+
+
+def joined(*parts: Tree) -> Tree:
+    """One tree of the entries of these (whose names do not meet)."""
+    tree = Tree([e for part in parts for e in part.entries], "")
+    for part in parts:
+        for key, path in part.sources.items():
+            tree.sources.setdefault(key, path)
+        tree.sizes.update(part.sizes)
+        for key, mtime in part.mtimes.items():
+            tree.mtimes.setdefault(key, mtime)
+    tree.id = treestore.tree_id(tree.entries)
+    return tree
+
+
+# A part of a tree as last scanned (the installed part of the environment), kept here by a key
+# that says what it was made from: one kept, the newest.
+def _parts_dir() -> Path:
+    folder = _cache_dir() / "parts"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+def remember_part(key: str, where: str, part: Tree) -> None:
+    folder = _parts_dir()
+    data = {"where": where, "entries": part.entries, "sources": part.sources,
+            "sizes": part.sizes, "mtimes": part.mtimes}  # fmt: skip
+    tmp = folder / f"{key}.tmp"
+    tmp.write_bytes(treestore.pack(data))
+    os.replace(tmp, folder / f"{key}.z")
+    forget_parts(but=f"{key}.z")
+
+
+def recalled_part(key: str, where: str) -> Tree | None:
+    """The part remembered under ``key`` for the folder ``where``, or None."""
+    try:
+        data = treestore.unpack((_parts_dir() / f"{key}.z").read_bytes())
+    except (OSError, ValueError, zlib.error):
+        return None
+    if not isinstance(data, dict) or data.get("where") != where:
+        return None
+    return Tree(data["entries"], "", data["sources"], data["sizes"], data["mtimes"])
+
+
+def forget_parts(but: str = "") -> None:
+    """Forget the remembered parts (a file in one changed after all): the next scan walks."""
+    for path in _parts_dir().iterdir():
+        if path.name != but:
+            path.unlink(missing_ok=True)
 
 
 class Session:

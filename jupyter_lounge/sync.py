@@ -58,13 +58,20 @@ def base_python() -> str:
     raise LoungeError(f"{cfg} names no 'home' (the base interpreter) and cannot be shipped.")
 
 
-def fingerprint() -> str:
-    """A content hash of this environment (16 hex digits)."""
-    h = hashlib.sha256()
+def _installed(h) -> None:
+    """Feed ``h`` what the installed part of this environment is: the Python version, the
+    base interpreter and every installed distribution's RECORD (the sha256 of each file it
+    installed)."""
     h.update(f"{sys.version}\n{base_python()}\n".encode())
     site = Path(sysconfig.get_paths()["purelib"])
     for record in sorted(site.glob("*.dist-info/RECORD")):
         h.update(record.parent.name.encode() + b"\n" + record.read_bytes())
+
+
+def fingerprint() -> str:
+    """A content hash of this environment (16 hex digits)."""
+    h = hashlib.sha256()
+    _installed(h)
     source = _source_dir()
     for path in sorted(source.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts:
@@ -96,22 +103,60 @@ def _editable_hooks(site: Path, source: Path) -> set[Path]:
     return hooks
 
 
-def env_pairs():
-    """(name in the environment, local path) of everything in this virtualenv as it travels,
-    folders before their contents: an editable jupyter_lounge goes in as a plain package (its
-    source, without the hooks that point at it here)."""
-    # plain strings, not pathlib: this walks some 50,000 files on every sync
+def _env_parts():
+    """The environment as it travels, in two parts of (name in it, local path), folders
+    before their contents: what is installed (the virtualenv), and jupyter_lounge's source
+    when it is an editable install (it goes in as a plain package, without the hooks that
+    point at it here; else it is installed and in the first part)."""
+    # plain strings, not pathlib: this walks some 50,000 files
     prefix, site = Path(sys.prefix), Path(sysconfig.get_paths()["purelib"])
     source = _source_dir()
     inside = prefix in source.parents
     skip = {str(p) for p in _editable_hooks(site, source)}
     if not inside:
         skip.add(str(site / "jupyter_lounge"))
-    yield from _walk(str(prefix), "", skip)
-    if not inside:
-        arc = str(site.relative_to(prefix) / "jupyter_lounge")
-        yield arc, str(source)
-        yield from _walk(str(source), arc + "/", {str(source / "__pycache__")}, "__pycache__")
+    installed = _walk(str(prefix), "", skip)
+    if inside:
+        return installed, iter(())
+    arc = str(site.relative_to(prefix) / "jupyter_lounge")
+    return installed, _source_pairs(arc, source)
+
+
+def _source_pairs(arc: str, source: Path):
+    yield arc, str(source)
+    yield from _walk(str(source), arc + "/", {str(source / "__pycache__")}, "__pycache__")
+
+
+def env_pairs():
+    """(name in the environment, local path) of everything in this virtualenv as it travels
+    (see ``_env_parts``)."""
+    installed, source = _env_parts()
+    yield from installed
+    yield from source
+
+
+def env_tree(extra=(), rescan: bool = False):
+    """The environment's tree (ship.Tree), with the pairs ``extra`` added. What is installed
+    is walked and its files' hashes looked up only when it changed: when the RECORDs (which
+    the fingerprint trusts too) or the mtime of the prefix, its bin/ or site-packages differ
+    from the last walk; else that walk's part is reused (0.6 s, not 2.5 s, for 48k files).
+    ``rescan``: walk everything (``lounge sync --force``). jupyter_lounge's own source, when
+    editable, is always walked (a few dozen files)."""
+    from . import ship
+
+    installed, source = _env_parts()
+    h = hashlib.sha256()
+    _installed(h)
+    prefix, site = Path(sys.prefix), Path(sysconfig.get_paths()["purelib"])
+    for path in (prefix, prefix / "bin", site):
+        h.update(f"{path}\0{path.stat().st_mtime_ns}\n".encode())
+    key = h.hexdigest()[:32]
+    part = None if rescan else ship.recalled_part(key, str(prefix))
+    if part is None:
+        part = ship.scan(installed, private=False, what="env")
+        ship.remember_part(key, str(prefix), part)
+    rest = ship.scan([*source, *extra], private=False, what="env-source")
+    return ship.joined(part, rest)
 
 
 def _walk(top: str, arc: str, skip: set[str], skip_name: str = ""):
@@ -189,6 +234,9 @@ def put_tree(
     return ship.ship(sessions, build, keep=keep, progress=progress)
 
 
+_STALE = ("changed while the sync read it", "could not be read here")
+
+
 async def sync(nodes: list, ssh_command, force: bool = False, progress: bool = True) -> list[dict]:
     """Make sure each of these inventory nodes has this environment (reached with
     ``ssh_command(name)``); return one row per node: node, env, status ("present", "shipped" or
@@ -199,12 +247,13 @@ async def sync(nodes: list, ssh_command, force: bool = False, progress: bool = T
     t0 = time.monotonic()
     shipped = await asyncio.to_thread(
         put_tree, nodes, ssh_command, "env", fp,
-        lambda: ship.scan(env_pairs(), private=False, what="env"),
-        force=force, progress=progress,
+        lambda: env_tree(rescan=force), force=force, progress=progress,
     )  # fmt: skip
     seconds = round(time.monotonic() - t0, 1)
     rows = []
     memory = _memory()
+    if any(why in r["status"] for r in shipped.values() for why in _STALE):
+        ship.forget_parts()  # a file changed that its RECORD says did not: walk it all again
     for node in nodes:
         row = shipped[node.name]
         status = row["status"]

@@ -22,6 +22,7 @@ copy data sets from the shared file system.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -255,54 +256,75 @@ class Store:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
-    def evolve_tree(self, old: str, old_entries: list, entries: list, into: str,
+    def evolve_tree(self, old: str, old_entries: list, change: dict, into: str,
                     folder_mode: int, extra: dict) -> None:  # fmt: skip
-        """Make the tree of ``entries`` at ``into`` from the tree at ``old`` (which is given up:
-        an environment about to be removed anyway), changing only what differs between
-        ``old_entries`` and ``entries``: the work is the change's, not the tree's. ``old`` is
-        renamed to a temporary name first, so it is out of view (and never half-changed in
-        view); the caller holds what keeps agents from starting on it."""
+        """Make the tree at ``into`` from the tree at ``old`` (the tree of ``old_entries``,
+        given up: an environment about to be removed anyway) by the ``change`` that turns
+        those entries into the new ones (``set``, ``del``: see ``delta``): the work is the
+        change's, not the tree's, so a one-file change is a one-file job. The change is
+        checked first (no entry under what is not a folder in the new tree, none left behind
+        under a folder it removes); then ``old`` is renamed out of view and changed; the
+        caller holds what keeps agents from starting on it."""
+        before = {e[0]: e for e in old_entries}
+        setd = {safe_path(e[0]): e for e in change["set"]}
+        dels = {safe_path(n) for n in change["del"]}
+
+        def kind(name: str) -> str | None:  # what ``name`` is in the new tree
+            if name in setd:
+                return setd[name][1]
+            return None if name in dels or name not in before else before[name][1]
+
+        for name in setd:
+            parent = name.rpartition("/")[0]
+            while parent:
+                if kind(parent) != "d":
+                    raise StoreError(f"refusing {name!r}: its folder is not in the tree")
+                parent = parent.rpartition("/")[0]
+        names = None
+        for name, e in before.items():
+            if e[1] == "d" and kind(name) != "d" and (name in dels or name in setd):
+                if names is None:
+                    names = sorted(before)
+                i = bisect.bisect_right(names, name + "/")
+                while i < len(names) and names[i].startswith(name + "/"):
+                    if names[i] not in dels:
+                        raise StoreError(f"refusing the change: it keeps {names[i]!r}, whose "
+                                         "folder it removes")  # fmt: skip
+                    i += 1
+        gone = dels | {n for n, e in setd.items() if n in before and before[n] != e
+                       and (e[1] != "d" or before[n][1] != "d")}  # fmt: skip
         tmp = into + f".part-{os.getpid()}"
         os.rename(old, tmp)
         try:
             for name in extra:
                 _unlink(os.path.join(tmp, name))
-            before = {e[0]: e for e in old_entries}
-            after = {e[0]: e for e in entries}
-            touched = set()  # folders whose entries change: their mtime is set again
-            for name in sorted(before, reverse=True):  # the deepest first
-                e, new = before[name], after.get(name)
-                if new is None or new[1] != e[1] or (e[1] != "d" and new != e):
-                    touched.add(name.rpartition("/")[0])
-                    path = f"{tmp}/{safe_path(name)}"
-                    if e[1] == "d" and not os.path.islink(path):
-                        remove_tree(path)
-                    elif os.path.lexists(path):
-                        os.unlink(path)
-            folders, made = [], {""}
-            for name in sorted(after):
-                e, was = after[name], before.get(name)
-                if name.rpartition("/")[0] not in made:
-                    raise StoreError(f"refusing {name!r}: its folder is not in the tree")
-                dest = f"{tmp}/{safe_path(name)}"
-                if was != e:
-                    touched.add(name.rpartition("/")[0])
+            touched = set()  # folders whose entries change: their mode and mtime are set again
+            for name in sorted(gone, reverse=True):  # the deepest first
+                touched.add(name.rpartition("/")[0])
+                path = f"{tmp}/{name}"
+                if before.get(name, ["", ""])[1] == "d" and not os.path.islink(path):
+                    remove_tree(path)
+                elif os.path.lexists(path):
+                    os.unlink(path)
+            for name in sorted(setd):
+                e, was = setd[name], before.get(name)
+                if was == e:
+                    continue
+                touched.add(name.rpartition("/")[0])
+                dest = f"{tmp}/{name}"
                 if e[1] == "d":
-                    if was is None or was[1] != "d":
+                    if name in gone or was is None:
                         os.mkdir(dest, 0o700)  # (folders are always their owner's to write)
-                    if was != e:
-                        touched.add(name)
-                    folders.append((dest, e))
-                    made.add(name)
-                elif was != e:
-                    if e[1] == "f":
-                        os.link(self.path(object_key(e)), dest)
-                    else:
-                        os.symlink(e[4], dest)
-            for dest, e in reversed(folders):
-                if e[0] in touched:
-                    os.chmod(dest, e[2] & folder_mode)
-                    os.utime(dest, (e[5], e[5]))
+                    touched.add(name)
+                elif e[1] == "f":
+                    os.link(self.path(object_key(e)), dest)
+                else:
+                    os.symlink(e[4], dest)
+            for name in sorted(touched, reverse=True):  # the deepest first
+                e = setd.get(name) or before.get(name)
+                if name and e is not None and kind(name) == "d":
+                    os.chmod(f"{tmp}/{name}", e[2] & folder_mode)
+                    os.utime(f"{tmp}/{name}", (e[5], e[5]))
             for name, data in extra.items():
                 with open(os.path.join(tmp, name), "wb") as f:
                     f.write(data)

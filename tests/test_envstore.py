@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -324,3 +325,126 @@ def test_a_new_environment_is_made_from_one_no_agent_runs_changing_only_what_dif
     assert made[3] == made[0]  # d is what was b, the older one (c, the one before, stays)
     assert made[4] not in made[:4]  # e: c and d both run agents
     assert sorted(p.name for p in envs.iterdir()) == ["c" * 16, "d" * 16, "e" * 16]
+
+
+def modes_of(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.lstat().st_mode & 0o7777 for p in root.rglob("*")}
+
+
+def linked(tmp_path: Path, root: Path, store, into: Path) -> list:
+    """The entries of ``root`` as a sync scans them, with their objects in ``store``, linked
+    at ``into``."""
+    tree = ship.scan(ship.folder_pairs(root), private=False, what="test")
+    for key, path in tree.sources.items():
+        store.put_object(key, [Path(path).read_bytes()])
+    store.link_tree(tree.entries, str(into), 0o755)
+    return tree.entries
+
+
+@pytest.mark.fast
+def test_a_change_made_in_place_gives_the_tree_a_fresh_link_would(tmp_path):
+    """Folders, files and links trading places, a mode and a file changed: the tree changed
+    in place by the delta alone is the one linking the new entries afresh makes."""
+    from jupyter_lounge import treestore
+
+    root = folder(tmp_path)
+    (root / "a").mkdir()
+    (root / "a" / "x").write_text("x")
+    (root / "b").write_text("b")
+    (root / "c").symlink_to("b")
+    store = treestore.Store(str(tmp_path / "local"))
+    with store:
+        old = linked(tmp_path, root, store, tmp_path / "old")
+        shutil.rmtree(root / "a")
+        (root / "a").write_text("a is a file now")
+        (root / "b").unlink()
+        (root / "b").symlink_to("a")
+        (root / "c").unlink()
+        (root / "c" / "d").mkdir(parents=True)
+        (root / "c" / "d" / "y").write_text("y")
+        (root / "bin" / "python").chmod(0o700)
+        (root / "lib" / "pkg" / "data.txt").write_text("changed")
+        new = linked(tmp_path, root, store, tmp_path / "fresh")
+        change = treestore.delta(old, new)
+        assert len(change["set"]) + len(change["del"]) < len(new)  # only what changed
+        store.evolve_tree(str(tmp_path / "old"), old, change, str(tmp_path / "evolved"), 0o755,
+                          {envstore.MARKER: b"{}"})  # fmt: skip
+    assert not (tmp_path / "old").exists()
+    assert tree_of(tmp_path / "evolved") == tree_of(tmp_path / "fresh") == tree_of(root)
+    assert {k: v for k, v in modes_of(tmp_path / "evolved").items() if k != envstore.MARKER} == (
+        modes_of(tmp_path / "fresh")
+    )
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"set": [["lib/link/evil", "f", 0o644, 1, "0" * 64, 0]], "del": []},  # through a link
+        {"set": [], "del": ["lib/pkg"]},  # leaves lib/pkg/*.txt under a folder it removes
+        {"set": [["lib/pkg", "l", 0, 0, "/etc", 0]], "del": []},  # a folder made a link
+        {"set": [["lib/../../evil", "f", 0o644, 1, "0" * 64, 0]], "del": []},
+    ],
+)
+def test_a_change_that_reaches_outside_its_folders_is_refused_before_anything_moves(tmp_path, bad):
+    from jupyter_lounge import treestore
+
+    root = folder(tmp_path)
+    store = treestore.Store(str(tmp_path / "local"))
+    with store:
+        old = linked(tmp_path, root, store, tmp_path / "old")
+        before = tree_of(tmp_path / "old")
+        with pytest.raises(treestore.StoreError, match="refusing"):
+            store.evolve_tree(str(tmp_path / "old"), old, bad, str(tmp_path / "new"), 0o755, {})
+    assert tree_of(tmp_path / "old") == before and not (tmp_path / "new").exists()
+
+
+@pytest.mark.fast
+def test_the_environment_is_walked_again_only_when_what_is_installed_changes(
+    tmp_path, monkeypatch, lounge_dir
+):
+    """sync.env_tree reuses the last walk of the virtualenv while its RECORDs and folders are
+    unchanged (jupyter_lounge's own source is walked each time); a new package, --force or a
+    file found changed after all (forget_parts) walks it again."""
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    site = venv / "lib" / "python3" / "site-packages"
+    (site / "foo-1.dist-info").mkdir(parents=True)
+    (site / "foo-1.dist-info" / "RECORD").write_text("foo/__init__.py,sha256=x,1\n")
+    (site / "foo").mkdir()
+    (site / "foo" / "__init__.py").write_text("FOO = 1\n")
+    (venv / "bin").mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    source = tmp_path / "src" / "jupyter_lounge"
+    source.mkdir(parents=True)
+    (source / "__init__.py").write_text("X = 1\n")
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    paths = {**sysconfig.get_paths(), "purelib": str(site)}
+    monkeypatch.setattr(sync.sysconfig, "get_paths", lambda: paths)
+    monkeypatch.setattr(sync, "_source_dir", lambda: source)
+    walks = []
+    scan = ship.scan
+    monkeypatch.setattr(ship, "scan", lambda pairs, private, what: (
+        walks.append(what) or scan(pairs, private, what)))  # fmt: skip
+
+    def names(tree) -> set:
+        return {e[0] for e in tree.entries}
+
+    first = sync.env_tree()
+    assert walks == ["env", "env-source"]
+    assert {"lib/python3/site-packages/foo/__init__.py",
+            "lib/python3/site-packages/jupyter_lounge/__init__.py"} <= names(first)  # fmt: skip
+    assert sync.env_tree().id == first.id and walks.count("env") == 1
+    (source / "__init__.py").write_text("X = 2\n")  # an edit of our source: a new tree, no walk
+    edited = sync.env_tree()
+    assert edited.id != first.id and walks.count("env") == 1
+    assert sync.env_tree(rescan=True).id == edited.id and walks.count("env") == 2
+    (site / "bar-2.dist-info").mkdir()  # pip installs bar
+    (site / "bar-2.dist-info" / "RECORD").write_text("bar.py,sha256=y,1\n")
+    (site / "bar.py").write_text("BAR = 2\n")
+    with_bar = sync.env_tree()
+    assert walks.count("env") == 3 and "lib/python3/site-packages/bar.py" in names(with_bar)
+    sync.env_tree()
+    ship.forget_parts()
+    assert sync.env_tree().id == with_bar.id and walks.count("env") == 4

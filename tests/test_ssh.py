@@ -336,8 +336,8 @@ def test_lounge_sync_ships_once_then_agents_run_the_prepositioned_python(
 
     edited = tmp_path / "edited.py"  # one more source file: a new environment, one file new
     edited.write_text("EDITED = True\n")
-    pairs = sync.env_pairs
-    monkeypatch.setattr(sync, "env_pairs", lambda: [*pairs(), ("lib/edited.py", edited)])
+    tree = sync.env_tree
+    monkeypatch.setattr(sync, "env_tree", lambda rescan=False: tree([("lib/edited.py", edited)]))
     fresh = os.urandom(8).hex()  # no node has it, whatever ran on the testbed before
     monkeypatch.setattr(sync, "fingerprint", lambda: fresh)
     backend = make_backend("ssh", inventory=lounge_toml["inventory"])
