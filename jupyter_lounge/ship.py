@@ -42,6 +42,7 @@ FINISH_S = 600.0  # the node to link the tree and remove old ones
 CHUNK = 1 << 20
 WRITE_AHEAD = 16  # frames queued per node (at most CHUNK each)
 TREES_KEPT = 16  # manifests remembered here, the newest
+UNREADABLE = "could not be read here"
 
 
 @dataclass
@@ -198,7 +199,8 @@ def recalled_part(key: str, where: str) -> Tree | None:
 
 
 def forget_parts(but: str = "") -> None:
-    """Forget the remembered parts (a file in one changed after all): the next scan walks."""
+    """Forget the remembered parts (a file in one changed after all: ``ship`` calls it): the
+    next build walks."""
     for path in _parts_dir().iterdir():
         if path.name != but:
             path.unlink(missing_ok=True)
@@ -380,6 +382,8 @@ def ship(
             rows[name] |= {"status": f"failed: {s.failed}", "files": 0, "bytes": 0}
         s.close()
         rows[name]["wire"] = s.sent - s.program  # all that went to the node but the program
+    if any(why in r["status"] for r in rows.values() for why in (UNREADABLE, treestore.CHANGED)):
+        forget_parts()  # a file changed that a remembered part says did not: walk it again
     return rows
 
 
@@ -432,7 +436,7 @@ def _send_objects(tree: Tree, keys, sessions: list[Session], progress: bool) -> 
     except LoungeError:
         pass
     except OSError as e:  # a file changed under us: the node keeps what arrived
-        unreadable = f"{tree.sources.get(key, '?')} could not be read here: {e}"
+        unreadable = f"{tree.sources.get(key, '?')} {UNREADABLE}: {e}"
     finally:
         for q in queues:
             q.put(None)

@@ -127,14 +127,6 @@ def _source_pairs(arc: str, source: Path):
     yield from _walk(str(source), arc + "/", {str(source / "__pycache__")}, "__pycache__")
 
 
-def env_pairs():
-    """(name in the environment, local path) of everything in this virtualenv as it travels
-    (see ``_env_parts``)."""
-    installed, source = _env_parts()
-    yield from installed
-    yield from source
-
-
 def env_tree(extra=(), rescan: bool = False):
     """The environment's tree (ship.Tree), with the pairs ``extra`` added. What is installed
     is walked and its files' hashes looked up only when it changed: when the RECORDs (which
@@ -234,14 +226,10 @@ def put_tree(
     return ship.ship(sessions, build, keep=keep, progress=progress)
 
 
-_STALE = ("changed while the sync read it", "could not be read here")
-
-
 async def sync(nodes: list, ssh_command, force: bool = False, progress: bool = True) -> list[dict]:
     """Make sure each of these inventory nodes has this environment (reached with
     ``ssh_command(name)``); return one row per node: node, env, status ("present", "shipped" or
     "failed: why"), files and MiB sent, seconds."""
-    from . import ship
 
     fp, base = fingerprint(), base_python()
     t0 = time.monotonic()
@@ -252,8 +240,6 @@ async def sync(nodes: list, ssh_command, force: bool = False, progress: bool = T
     seconds = round(time.monotonic() - t0, 1)
     rows = []
     memory = _memory()
-    if any(why in r["status"] for r in shipped.values() for why in _STALE):
-        ship.forget_parts()  # a file changed that its RECORD says did not: walk it all again
     for node in nodes:
         row = shipped[node.name]
         status = row["status"]

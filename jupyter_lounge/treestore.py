@@ -42,6 +42,10 @@ SPARE_MIB = 256
 PRIVATE, SHARED = 0o700, 0o755
 
 
+#: what a node says of a file that arrived other than hashed (ship.py watches for it)
+CHANGED = "it changed while the sync read it, or on the way"
+
+
 class StoreError(Exception):
     """What went wrong on the node, in one sentence for the researcher."""
 
@@ -183,7 +187,7 @@ class Store:
             if h.hexdigest() != sha:
                 raise StoreError(
                     f"a file arrived other than it was hashed (its sha256 is not {sha[:12]}...):"
-                    " it changed while the sync read it, or on the way; run the sync again"
+                    f" {CHANGED}; run the sync again"
                 )
             os.chmod(tmp, int(mode, 8))
             if mtime is not None:
@@ -281,8 +285,8 @@ class Store:
                     raise StoreError(f"refusing {name!r}: its folder is not in the tree")
                 parent = parent.rpartition("/")[0]
         names = None
-        for name, e in before.items():
-            if e[1] == "d" and kind(name) != "d" and (name in dels or name in setd):
+        for name in dels | setd.keys():
+            if before.get(name, ("", ""))[1] == "d" and kind(name) != "d":
                 if names is None:
                     names = sorted(before)
                 i = bisect.bisect_right(names, name + "/")

@@ -60,18 +60,18 @@ def _count() -> int:
 
 def _running() -> frozenset:
     """(rank, pid) of every engine the node agents report running."""
+    from jupyter_lounge import protocol
     from jupyter_lounge.cluster import _report
 
     _cluster.reload()
     return frozenset(
         (rank, e.get("pid"))
         for a in _cluster.agents
-        for rank, e in ((_report(a) or _NO_REPORT).engines or {}).items()
+        for rank, e in (_report(a) or protocol.Report()).engines.items()
         if e.get("state") == "running"
     )
 
 
-_NO_REPORT = type("NoReport", (), {"engines": {}})()
 _settled_as: frozenset | None = None
 
 
@@ -84,10 +84,10 @@ def _settle(timeout: float = 60.0) -> None:
     if _cluster is None or (running := _running()) == _settled_as:
         return
     deadline = time.monotonic() + timeout
-    while _count() != len(running):
+    while (count := _count()) != len(running):
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"lounge engines: the controller has {_count()} engines registered, the node "
+                f"lounge engines: the controller has {count} engines registered, the node "
                 f"agent runs {len(running)}, after {timeout:g} s"
             )
         time.sleep(0.1)

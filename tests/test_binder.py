@@ -4,7 +4,7 @@ The repository's tracked files are copied to a temporary folder (so nothing buil
 labextension and no node_modules, is reused); a new venv gets ``binder/requirements.txt``,
 then ``binder/postBuild`` runs in the copy (it installs jupyter_lounge from it, building the
 sidebar and the wheel). Then JupyterLab there must list both extensions, the sidebar and the
-REST API, enabled and OK in the venv's own folders (the checks of test_packaging.py), and
+REST API, enabled and OK in the venv's own folders, and
 ``examples/01-quickstart.ipynb`` must execute in that venv's kernel, through
 ``binder/start``, leaving no cluster behind.
 """
@@ -12,6 +12,7 @@ REST API, enabled and OK in the venv's own folders (the checks of test_packaging
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,9 +23,9 @@ import pytest
 from jupyter_lounge import state
 
 from .conftest import processes_under
-from .test_packaging import labextension_problem, serverext_problem
 
 ROOT = Path(__file__).resolve().parent.parent
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _run(cmd, *, cwd, env, timeout, what):
@@ -33,6 +34,46 @@ def _run(cmd, *, cwd, env, timeout, what):
         f"{what} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     )
     return done.stdout + done.stderr
+
+
+def _sections(output: str, header: str) -> dict[str, list[str]]:
+    """The lines of a ``jupyter ... list`` output under each directory it names: a line
+    starting with ``header`` (``Config dir:``), or with ``/`` when header is empty."""
+    sections: dict[str, list[str]] = {}
+    current = ""
+    for line in output.splitlines():
+        stripped = line.strip()
+        if header and stripped.startswith(header):
+            current = stripped[len(header) :].strip()
+            sections.setdefault(current, [])
+        elif not header and stripped.startswith("/"):
+            current = stripped
+            sections.setdefault(current, [])
+        elif stripped:
+            sections.setdefault(current, []).append(stripped)
+    return sections
+
+
+def labextension_problem(out: str, venv: Path) -> str | None:
+    """Why ``jupyter labextension list`` (its output ``out``) does not show the sidebar
+    enabled and OK in ``venv``'s own labextensions folder; None when it does."""
+    where = str(venv / "share" / "jupyter" / "labextensions")
+    lines = _sections(ANSI.sub("", out), "").get(where, [])
+    if any(re.match(r"jupyter-lounge v\S+ enabled\s+OK\b", line) for line in lines):
+        return None
+    return f"jupyter-lounge is not enabled and OK in {where}:\n{out}"
+
+
+def serverext_problem(out: str, venv: Path) -> str | None:
+    """Why ``jupyter server extension list`` (``out``) does not show the REST API enabled and
+    validated OK in ``venv``'s own config; None when it does."""
+    where = str(venv / "etc" / "jupyter")
+    lines = _sections(ANSI.sub("", out), "Config dir:").get(where, [])
+    if "jupyter_lounge.serverext enabled" not in lines:
+        return f"jupyter_lounge.serverext is not enabled in {where}:\n{out}"
+    if not any(re.match(r"jupyter_lounge\.serverext\b.*\bOK$", line) for line in lines):
+        return f"jupyter_lounge.serverext did not validate OK:\n{out}"
+    return None
 
 
 @pytest.mark.slow
@@ -87,7 +128,8 @@ def test_binder_files_alone_give_lab_with_the_extension_and_a_running_quickstart
         timeout=120,
         what="jupyter labextension list",
     )
-    assert labextension_problem(labext, venv) is None, labextension_problem(labext, venv)
+    problem = labextension_problem(labext, venv)
+    assert problem is None, problem
     serverext = _run(
         ["binder/start", str(bin_ / "jupyter"), "server", "extension", "list"],
         cwd=repo,
@@ -95,7 +137,8 @@ def test_binder_files_alone_give_lab_with_the_extension_and_a_running_quickstart
         timeout=120,
         what="jupyter server extension list",
     )
-    assert serverext_problem(serverext, venv) is None, serverext_problem(serverext, venv)
+    problem = serverext_problem(serverext, venv)
+    assert problem is None, problem
 
     out = tmp_path / "executed.ipynb"
     _run(

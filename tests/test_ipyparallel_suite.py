@@ -52,17 +52,23 @@ def test_ipyparallel_suite_passes_on_lounge_engines(tmp_path, lounge_dir):
             cwd=where, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
         )))  # fmt: skip
     deadline = time.monotonic() + 1400
+    try:  # all of them ended before anything is asserted, and none outlives the test
+        for _, out, proc in runs:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                pass
+            out.seek(0)
+    finally:
+        for _, _, proc in runs:
+            if proc.poll() is None:
+                proc.kill()  # (its clusters are under lounge_dir: the fixture ends them)
+                proc.wait()
     counts = dict.fromkeys(("tests", "failures", "errors", "skipped"), 0)
     ran, tails = set(), []
     for where, out, proc in runs:
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 1))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        out.seek(0)
-        tails.append(f"-- {where.name} (exit {proc.returncode}) --\n" + out.read()[-5000:])
-        out.close()
+        with out:
+            tails.append(f"-- {where.name} (exit {proc.returncode}) --\n" + out.read()[-5000:])
         assert (where / "ipp.xml").exists(), tails[-1]
         suite = ET.parse(where / "ipp.xml").getroot()
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
