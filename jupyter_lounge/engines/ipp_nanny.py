@@ -23,6 +23,7 @@ from typing import Any
 
 ATTACH = "lounge_attach_request"
 ATTACH_WAIT_S = 10.0
+LAST_WORDS_MS = 50  # how long a dead engine's last message may still be on its way
 
 
 def session_for(connection: dict) -> Any:
@@ -176,12 +177,20 @@ class NodeNanny:
         self.session.send(engine.control, "signal_reply", content, ident=idents, parent=msg)
 
     def _exited(self, pidfd: int, events: int) -> None:
-        """The engine is gone: tell the controller now, as the stock nanny does."""
+        """The engine is gone: pass on what it said last, then tell the controller now, as the
+        stock nanny does. (An engine answers a shutdown request and exits: its exit can be
+        seen here before its reply is read, and closing its sockets then lost the reply, so
+        the client's ``shutdown(block=True)`` waited for ever.)"""
         engine = self.engines.pop(pidfd)
         self.loop.remove_handler(pidfd)
         os.close(pidfd)
+        wait_ms = LAST_WORDS_MS
+        while engine.parent.socket.poll(wait_ms):
+            engine.control.send_multipart(engine.parent.socket.recv_multipart())
+            wait_ms = 0
+        engine.control.flush()
         self.session.send(self.registration, "unregistration_request", {"id": engine.engine_id})
-        engine.control.close(linger=0)
+        engine.control.close(linger=int(LAST_WORDS_MS))
         engine.parent.close(linger=0)
 
 
