@@ -34,6 +34,7 @@ import time
 
 try:
     from .treestore import (
+        CHANGED,
         DATA_NAME_RE,
         SHARED,
         Store,
@@ -86,8 +87,26 @@ def command(python: str, action: str, *args: str) -> list[str]:
 
 
 def frame(kind: bytes, payload: bytes) -> bytes:
-    """One frame of the stream after the program: ``D`` tar data, ``E`` the trailer (JSON)."""
-    return kind + struct.pack(">I", len(payload)) + payload
+    """One frame of the stream after the program: its kind (one byte), its length, itself.
+    A shipment's (see ship.py): ``M`` the manifest; per object ``O`` its head, ``D`` its
+    bytes, then ``K`` (it is what was hashed) or ``X`` (it is not: its path); ``E`` the end."""
+    return frame_head(kind, len(payload)) + payload
+
+
+def frame_head(kind: bytes, size: int) -> bytes:
+    return kind + struct.pack(">I", size)
+
+
+_HEAD = struct.Struct(">QqB")  # an object's size, mtime and whether it has one; its key follows
+
+
+def object_frame(key: str, size: int, mtime: int | None) -> bytes:
+    return frame(b"O", _HEAD.pack(size, mtime or 0, mtime is not None) + key.encode())
+
+
+def object_head(payload: bytes) -> tuple[str, int, int | None]:
+    size, mtime, has_mtime = _HEAD.unpack_from(payload)
+    return payload[_HEAD.size :].decode(), size, mtime if has_mtime else None
 
 
 # -- the actions --------------------------------------------------------------------------------
@@ -186,27 +205,26 @@ def _prune(envs: str, newest: str, keep: int) -> tuple[list[str], list[str]]:
 
 
 # -- put: one tree shipped by content (see ship.py for the sender) ------------------------------
+INTERRUPTED = ("the stream ended early (the sync was interrupted; run it again: the files that "
+               "arrived are kept)")  # fmt: skip
+
+
 def _frames(fd: int = 0):
-    """The frames on stdin: (kind, payload) until the stream ends."""
+    """The frames on stdin: (kind, payload) until the stream ends. Read through a buffer:
+    a shipment is tens of thousands of small frames."""
+    stream = open(fd, "rb", buffering=1 << 20, closefd=False)
+    read, unpack_head = stream.read, struct.Struct(">I").unpack
     while True:
-        head = _read_exactly(fd, 5, eof_ok=True)
+        head = read(5)
         if not head:
             return
-        size = struct.unpack(">I", head[1:])[0]
-        yield head[:1], _read_exactly(fd, size)
-
-
-def _read_exactly(fd: int, n: int, eof_ok: bool = False) -> bytes:
-    out = bytearray()
-    while len(out) < n:
-        chunk = os.read(fd, min(n - len(out), 1 << 20))
-        if not chunk:
-            if eof_ok and not out:
-                return b""
-            raise EOFError("the stream ended early (the sync was interrupted; run it again: "
-                           "the files that arrived are kept)")  # fmt: skip
-        out += chunk
-    return bytes(out)
+        if len(head) < 5:
+            raise EOFError(INTERRUPTED)
+        size = unpack_head(head[1:])[0]
+        payload = read(size)
+        if len(payload) < size:
+            raise EOFError(INTERRUPTED)
+        yield head[:1], payload
 
 
 def _say(answer: dict) -> None:
@@ -216,8 +234,7 @@ def _say(answer: dict) -> None:
 def _next(frames, want: bytes) -> bytes:
     kind, payload = next(frames, (b"", b""))
     if kind != want:
-        raise EOFError("the stream ended early (the sync was interrupted; run it again: the "
-                       "files that arrived are kept)")  # fmt: skip
+        raise EOFError(INTERRUPTED)
     return payload
 
 
@@ -290,13 +307,24 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
                 break
             if frame_kind != b"O":
                 raise ValueError(f"unexpected frame {frame_kind!r}")
-            head = json.loads(payload)
-            received += store.put_object(head["key"], _object_chunks(frames, head["size"]),
-                                         head.get("mtime"))  # fmt: skip
+            key, size, mtime = object_head(payload)
+            if key not in missing:
+                raise ValueError(f"an object this node did not ask for arrived: {key[:80]!r}")
+            received += store.receive_object(key, _object_chunks(frames, size), mtime)
+            verdict, said = next(frames, (b"", b""))
+            if verdict != b"K":  # the sender did not read what it hashed, or stopped
+                store.discard_object(key)
+                if verdict == b"X":
+                    path = said.decode(errors="replace")
+                    raise StoreError(
+                        f"{path} was not what was hashed when it was sent: {CHANGED}; run the "
+                        "sync again"
+                    )
+                raise EOFError(INTERRUPTED)
+            store.commit_object(key)
             files += 1
         else:
-            raise EOFError("the stream ended early (the sync was interrupted; run it again: "
-                           "the files that arrived are kept)")  # fmt: skip
+            raise EOFError(INTERRUPTED)
         lacking = [k for k in missing if not store.has(k)]
         if lacking:
             raise ValueError(f"{len(lacking)} files did not arrive; run the sync again")
@@ -375,8 +403,7 @@ def _object_chunks(frames, size: int):
     while left > 0:
         kind, payload = next(frames, (b"", b""))
         if kind != b"D":
-            raise EOFError("the stream ended early (the sync was interrupted; run it again: "
-                           "the files that arrived are kept)")  # fmt: skip
+            raise EOFError(INTERRUPTED)
         left -= len(payload)
         yield payload
     if left:

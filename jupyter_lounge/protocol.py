@@ -42,13 +42,17 @@ class ProtocolError(Exception):
 
 
 # -- atomic JSON files ------------------------------------------------------------------------
-def write_json(path: Path | str, data: Any) -> None:
-    """Write JSON atomically with mode 0600: readers see the old or the new file, never half."""
+def write_json(path: Path | str, data: Any, compact: bool = False) -> None:
+    """Write JSON atomically with mode 0600: readers see the old or the new file, never half.
+    ``compact``: on one line, unsorted (a cache of tens of thousands of entries: 10x faster)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
+            if compact:
+                f.write(json.dumps(data, separators=(",", ":")))
+            else:
+                json.dump(data, f, indent=1, sort_keys=True)
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
     except BaseException:

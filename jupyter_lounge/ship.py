@@ -10,11 +10,16 @@ One SSH session per node runs the node program's ``put``; the conversation on it
    up to the tree's id;
 3. the node says which objects (files, by content) it lacks, and whether its disk has room;
 4. we send them: nodes that lack the same objects get one stream, written to all their
-   sessions at once, with a progress bar per stream (bytes and files);
-5. the node checks each object's hash, links the tree in place and says so.
+   sessions at once, with a progress bar per stream (bytes and files); each file is hashed
+   again as it is read and sent, and followed by a word saying it is what was hashed (the
+   node keeps it) or not (the node drops it and the sync fails, saying which file): checked
+   once here for all the nodes, and SSH keeps it intact on the way;
+5. the node links the tree in place and says so.
 
 Files are hashed once: ``<lounge dir>/cache/hashes-<what>.json`` remembers each path's sha256
-by its size, mtime and inode.
+by its size, mtime and inode; an installed file as pip left it takes its hash from its
+RECORD (``record_hashes``). The stream is written in writes of about a MiB and read through a
+buffer on the node: a virtualenv is some 50,000 files, mostly small.
 """
 
 from __future__ import annotations
@@ -80,11 +85,14 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def scan(pairs, private: bool, what: str) -> Tree:
+def scan(pairs, private: bool, what: str, trusted: dict | None = None) -> Tree:
     """The tree of ``pairs`` ((name in the tree, local path), folders before what is in them):
-    files hashed unless their size, mtime and inode are as when last hashed. ``private``: the
-    owner alone may read it on the node (data sets); else others may read, not change it.
-    Every file is read-only on the node (its object is shared by every tree that has it)."""
+    files hashed unless their size, mtime and inode are as when last hashed, or ``trusted``
+    (path -> (size, sha256, mtime_ns): what a RECORD says, see ``record_hashes``) gives
+    their hash and they have its size and were not changed since. Every file sent is checked
+    against its hash as it is read (``_send_objects``). ``private``: the owner alone may read
+    it on the node (data sets); else others may read, not change it. Every file is
+    read-only on the node (its object is shared by every tree that has it)."""
     cache_path = _cache_dir() / f"hashes-{what}.json"
     cache = read_json(cache_path) or {}
     fresh = {}
@@ -105,16 +113,24 @@ def scan(pairs, private: bool, what: str) -> Tree:
             entry = [name, "f", (mode & file_mask) | 0o400, st.st_size, "", mtime]
             if known and known[:3] == stamp:
                 entry[4] = known[3]
+            elif (
+                (said := trusted and trusted.get(path))
+                and said[0] == st.st_size
+                and (st.st_mtime_ns <= said[2])
+            ):
+                entry[4] = said[1]
             else:
                 unknown.append((entry, path))
             entries.append(entry)
             files.append((entry, path, stamp))
-    if unknown:  # hashlib lets go of the GIL: one thread per core
+    if unknown:  # hashlib lets go of the GIL: one thread per core, each with its share
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-            for (entry, _), sha in zip(unknown, pool.map(sha256_file, [p for _, p in unknown])):
-                entry[4] = sha
+        n = min(os.cpu_count() or 1, len(unknown))
+        with ThreadPoolExecutor(n) as pool:
+            for i, shas in enumerate(pool.map(_hash_all, [unknown[i::n] for i in range(n)])):
+                for (entry, _), sha in zip(unknown[i::n], shas):
+                    entry[4] = sha
     for entry, path, stamp in files:
         fresh[path] = [*stamp, entry[4]]
         key = treestore.object_key(entry)
@@ -122,9 +138,41 @@ def scan(pairs, private: bool, what: str) -> Tree:
         tree.sizes[key] = entry[3]
         tree.mtimes.setdefault(key, entry[5])
     if fresh != cache:
-        write_json(cache_path, fresh)
+        write_json(cache_path, fresh, compact=True)
     tree.entries, tree.id = entries, treestore.tree_id(entries)
     return tree
+
+
+def _hash_all(files: list) -> list[str]:
+    return [sha256_file(path) for _, path in files]
+
+
+def record_hashes(site: str) -> dict[str, tuple[int, str, int]]:
+    """What the RECORDs of the distributions installed in ``site`` say of their files: path ->
+    (size, sha256 in hex, the RECORD's mtime). pip writes a RECORD after the files it lists,
+    so a file with that size and no later mtime is as installed (rsync trusts size and mtime
+    the same way); ``lounge sync --force`` reads every file instead."""
+    import base64
+    import csv
+
+    said = {}
+    for record in Path(site).glob("*.dist-info/RECORD"):
+        try:
+            written = record.stat().st_mtime_ns
+            with open(record, newline="", encoding="utf-8") as f:
+                rows = list(csv.reader(f))
+        except (OSError, UnicodeDecodeError, csv.Error):
+            continue
+        for row in rows:
+            if len(row) != 3 or not row[1].startswith("sha256=") or not row[2].isdigit():
+                continue
+            try:
+                sha = base64.urlsafe_b64decode(row[1][7:] + "=" * (-len(row[1][7:]) % 4)).hex()
+            except ValueError:
+                continue
+            if len(sha) == 64:
+                said[os.path.normpath(os.path.join(site, row[0]))] = (int(row[2]), sha, written)
+    return said
 
 
 def folder_pairs(root: Path):
@@ -408,35 +456,64 @@ def _send_objects(tree: Tree, keys, sessions: list[Session], progress: bool) -> 
     for w in writers:
         w.start()
 
-    def send(kind: bytes, payload: bytes) -> None:
-        data = envstore.frame(kind, payload)
+    pending = bytearray()  # small frames, written together (one write per MiB, not per file)
+
+    def put(data: bytes) -> None:
         for s, q in zip(sessions, queues):
             if not s.failed:
                 q.put(data)
         if all(s.failed for s in sessions):
             raise LoungeError("every node's SSH session ended while shipping")
 
+    def flush() -> None:
+        if pending:
+            put(bytes(pending))
+            pending.clear()
+
+    def send(*parts: bytes) -> None:
+        if len(parts[-1]) >= CHUNK // 4:  # a large one goes as it is, not copied
+            pending.extend(b"".join(parts[:-1]))
+            flush()
+            put(parts[-1])
+            return
+        for part in parts:
+            pending.extend(part)
+        if len(pending) >= CHUNK:
+            flush()
+
     unreadable = None
     try:
         for i, key in enumerate(keys):
-            head = {"key": key, "size": tree.sizes[key], "mtime": tree.mtimes.get(key)}
-            send(b"O", json.dumps(head).encode())
-            left = tree.sizes[key]
-            with open(tree.sources[key], "rb") as f:
+            path, left = tree.sources[key], tree.sizes[key]
+            send(envstore.object_frame(key, left, tree.mtimes.get(key)))
+            h = hashlib.sha256()  # what is sent is checked here, once for every node
+            with open(path, "rb") as f:
                 while left and (chunk := f.read(min(CHUNK, left))):
-                    send(b"D", chunk)
+                    h.update(chunk)
+                    send(envstore.frame_head(b"D", len(chunk)), chunk)
                     left -= len(chunk)
                     if bar is not None:
                         bar.update(len(chunk))
-            if left:
-                raise OSError(f"it is {left} bytes shorter than when it was hashed")
+                if left:
+                    raise OSError(f"it is {left} bytes shorter than when it was hashed")
+                if h.hexdigest() != key.rsplit(".", 1)[0]:  # the nodes say so, and drop it
+                    send(envstore.frame(b"X", path.encode(errors="surrogateescape")))
+                    _learn(path, h.hexdigest(), os.fstat(f.fileno()))
+                    break
+            send(envstore.frame(b"K", b""))
             if bar is not None:
                 bar.set_postfix_str(f"{i + 1}/{len(keys)} files", refresh=False)
-        send(b"E", b"{}")
+        else:
+            send(envstore.frame(b"E", b"{}"))
+        flush()
     except LoungeError:
         pass
-    except OSError as e:  # a file changed under us: the node keeps what arrived
+    except OSError as e:  # a file changed under us: the nodes keep what arrived before it
         unreadable = f"{tree.sources.get(key, '?')} {UNREADABLE}: {e}"
+        try:
+            flush()
+        except LoungeError:
+            pass
     finally:
         for q in queues:
             q.put(None)
@@ -447,6 +524,15 @@ def _send_objects(tree: Tree, keys, sessions: list[Session], progress: bool) -> 
     if unreadable:
         for s in sessions:
             s.fail(unreadable)
+
+
+def _learn(path: str, sha: str, st: os.stat_result) -> None:
+    """``path`` was not what its remembered hash (or its RECORD) said: remember what it is."""
+    for cache_path in _cache_dir().glob("hashes-*.json"):
+        cache = read_json(cache_path) or {}
+        if path in cache:
+            cache[path] = [st.st_size, st.st_mtime_ns, st.st_ino, sha]
+            write_json(cache_path, cache, compact=True)
 
 
 def _write(session: Session, chunks: queue.Queue) -> None:

@@ -6,13 +6,14 @@ virtualenv, with jupyter_lounge itself even when it is an editable install) on e
 fingerprint is a content hash: the Python version and base interpreter, every installed
 distribution's RECORD (which lists the sha256 of each file it installed) and jupyter_lounge's
 own source. A node that already has that fingerprint is not shipped to again, so only a
-changed environment travels. All nodes are asked at once; the nodes that need it receive one
-tar stream, written to all their SSH sessions together. The node's side (``envstore``, sent as
-source to the node's base Python) checks that the folders are the user's alone, unpacks under
-the store's lock into a unique temporary folder, verifies the hash of what arrived against
-the one computed here while sending, and only then renames it into place (an interrupted or
-damaged sync never leaves a half environment); of the older environments on a node the one
-before stays, and none that a running agent uses is removed.
+changed environment travels, and of it only the files a node lacks (ship.py: files by
+content, one stream written to all the nodes that lack the same ones). The node's side
+(``envstore`` and ``treestore``, sent as source to the node's base Python) checks that the
+folders are the user's alone, stores each file under the store's lock once it is confirmed to
+be what was hashed, links the environment together in a temporary folder and only then
+renames it into place (an interrupted or damaged sync never leaves a half environment); of
+the older environments on a node the one before stays, and none that a running agent uses is
+removed.
 
 A virtualenv points at its base interpreter (``home`` in ``pyvenv.cfg``); a node must have
 the same base Python at the same path, as identically imaged lounge PCs do. The sync checks
@@ -132,8 +133,9 @@ def env_tree(extra=(), rescan: bool = False):
     is walked and its files' hashes looked up only when it changed: when the RECORDs (which
     the fingerprint trusts too) or the mtime of the prefix, its bin/ or site-packages differ
     from the last walk; else that walk's part is reused (0.6 s, not 2.5 s, for 48k files).
-    ``rescan``: walk everything (``lounge sync --force``). jupyter_lounge's own source, when
-    editable, is always walked (a few dozen files)."""
+    A walk takes the hash of an installed file from its RECORD while the file is as installed
+    (``ship.record_hashes``). ``rescan``: walk and read everything (``lounge sync --force``).
+    jupyter_lounge's own source, when editable, is always walked (a few dozen files)."""
     from . import ship
 
     installed, source = _env_parts()
@@ -145,7 +147,8 @@ def env_tree(extra=(), rescan: bool = False):
     key = h.hexdigest()[:32]
     part = None if rescan else ship.recalled_part(key, str(prefix))
     if part is None:
-        part = ship.scan(installed, private=False, what="env")
+        trusted = None if rescan else ship.record_hashes(str(site))
+        part = ship.scan(installed, private=False, what="env", trusted=trusted)
         ship.remember_part(key, str(prefix), part)
     rest = ship.scan([*source, *extra], private=False, what="env-source")
     return ship.joined(part, rest)

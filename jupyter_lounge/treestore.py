@@ -10,7 +10,8 @@ has a tree has all of it, and a second sync ships only the objects a node lacks.
 of each tree a node holds is kept (``store/trees/<id>.z``), so a sender that remembers it
 sends only the entries that changed.
 
-An object is written to a temporary file, its hash checked, and only then renamed into place;
+An object is written to a temporary file, its hash checked (by the node when it reads the
+file itself, by the sender as it reads what it sends), and only then renamed into place;
 a tree is linked together in a temporary folder and renamed into place whole. So an
 interrupted sync leaves objects that the next one does not send again, and never a half tree.
 Objects no tree links to any more (link count 1) are removed when a tree is.
@@ -113,6 +114,9 @@ class Store:
         self.trees = private_dir(os.path.join(self.store, "trees"), "object store")
         self.tmp = private_dir(os.path.join(self.store, "tmp"), "object store")
         self._lock = None
+        self._folders: set[str] = set()  # objects/xx made already
+        self._umask = os.umask(0o077)  # (read, and put back at once: one thread here)
+        os.umask(self._umask)
 
     def __enter__(self) -> Store:
         import fcntl
@@ -145,7 +149,7 @@ class Store:
 
     # objects
     def path(self, key: str) -> str:
-        return os.path.join(self.objects, key[:2], key)
+        return f"{self.objects}/{key[:2]}/{key}"
 
     def has(self, key: str) -> bool:
         return os.path.isfile(self.path(key))
@@ -175,37 +179,60 @@ class Store:
 
     def put_object(self, key: str, chunks, mtime: float | None = None) -> int:
         """Write an object from ``chunks`` (bytes), checking its hash; return its size."""
+        size = self.receive_object(key, chunks, mtime, check=True)
+        self.commit_object(key)
+        return size
+
+    def receive_object(self, key: str, chunks, mtime: float | None = None,
+                       check: bool = False) -> int:  # fmt: skip
+        """Write an object from ``chunks`` into the store's tmp folder (emptied under the
+        lock), with its final mode; return its size. It is in the store once
+        ``commit_object`` renames it into place. ``check``: its sha256 is checked here (a
+        shipment's sender checks what it sent as it reads it: the SSH channel keeps it so)."""
         sha, mode = key.rsplit(".", 1)
-        fd, tmp = _temp(self.tmp)
-        h, size = hashlib.sha256(), 0
-        try:
-            with os.fdopen(fd, "wb") as out:
-                for chunk in chunks:
+        tmp, bits = f"{self.tmp}/{key}", int(mode, 8) & 0o7777
+        h, size = hashlib.sha256() if check else None, 0
+        fd = -1
+        try:  # a few system calls per file: a sync makes tens of thousands
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, bits)
+            if bits & self._umask:  # the umask took some of it
+                os.fchmod(fd, bits)
+            for chunk in chunks:
+                if h is not None:
                     h.update(chunk)
-                    size += len(chunk)
-                    out.write(chunk)
-            if h.hexdigest() != sha:
+                size += len(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+            if h is not None and h.hexdigest() != sha:
                 raise StoreError(
                     f"a file arrived other than it was hashed (its sha256 is not {sha[:12]}...):"
                     f" {CHANGED}; run the sync again"
                 )
-            os.chmod(tmp, int(mode, 8))
             if mtime is not None:
-                os.utime(tmp, (mtime, mtime))
-            os.makedirs(os.path.dirname(self.path(key)), 0o700, exist_ok=True)
-            os.replace(tmp, self.path(key))
-        except OSError as e:
+                os.utime(fd, (mtime, mtime))
+            os.close(fd)
+            return size
+        except BaseException as e:
+            if fd >= 0:
+                os.close(fd)
             _unlink(tmp)
-            if e.errno == 28:  # ENOSPC
+            if isinstance(e, OSError) and e.errno == 28:  # ENOSPC
                 raise StoreError(
                     f"the disk of {self.root} filled up ({self.free_mib()} MiB free): free space "
                     "there, or give the node a local_dir on a bigger disk"
                 ) from None
             raise
-        except BaseException:
-            _unlink(tmp)
-            raise
-        return size
+
+    def commit_object(self, key: str) -> None:
+        folder = f"{self.objects}/{key[:2]}"
+        if folder not in self._folders:
+            os.makedirs(folder, 0o700, exist_ok=True)
+            self._folders.add(folder)
+        os.replace(f"{self.tmp}/{key}", f"{folder}/{key}")
+
+    def discard_object(self, key: str) -> None:
+        _unlink(f"{self.tmp}/{key}")
 
     # manifests
     def save_manifest(self, tid: str, entries: list) -> None:

@@ -121,6 +121,52 @@ def test_a_file_that_changed_after_hashing_is_refused_and_leaves_nothing(here, t
     assert leftovers(tmp_path / "local") == []
 
 
+def test_a_record_is_trusted_while_its_file_is_as_installed_and_checked_as_it_is_sent(
+    here, tmp_path
+):
+    """A file no newer than its RECORD, with the size it gives, takes the RECORD's hash
+    without being read (a first sync reads the 2.5 GB virtualenv once, to send it); one that
+    changed since is hashed. A RECORD that lies is found out as the file is sent: nothing of it
+    is kept on the node, and the next sync knows the file's real hash."""
+    import base64
+    import hashlib
+
+    from jupyter_lounge import treestore
+
+    root = folder(tmp_path)
+    site, data, other = root / "lib", root / "lib/pkg/data.txt", root / "lib/pkg/other.txt"
+    lie = hashlib.sha256(b"jello" * 1000).digest()  # not data.txt's bytes, but its size
+    (site / "pkg-1.dist-info").mkdir()
+    record = site / "pkg-1.dist-info" / "RECORD"
+    wrong = base64.urlsafe_b64encode(bytes(32)).rstrip(b"=").decode()
+    record.write_text(
+        f"pkg/data.txt,sha256={base64.urlsafe_b64encode(lie).rstrip(b'=').decode()},5000\n"
+        f"pkg/other.txt,sha256={wrong},21\npkg-1.dist-info/RECORD,,\n"
+    )
+    written = record.stat().st_mtime_ns
+    os.utime(data, ns=(written - 10**9, written - 10**9))  # as installed
+    os.utime(other, ns=(written + 10**9, written + 10**9))  # edited after
+    trusted = ship.record_hashes(str(site))
+    assert trusted == {str(data): (5000, lie.hex(), written), str(other): (21, "0" * 64, written)}
+
+    def build():
+        return ship.scan(ship.folder_pairs(root), private=False, what="test", trusted=trusted)
+
+    shas = {e[0]: e[4] for e in build().entries if e[1] == "f"}
+    assert shas["lib/pkg/data.txt"] == lie.hex()  # taken from the RECORD, not read
+    assert shas["lib/pkg/other.txt"] == hashlib.sha256(other.read_bytes()).hexdigest()  # read
+    row = ship_it(here, root, build=build)
+    assert row["status"].startswith("failed: ") and treestore.CHANGED in row["status"]
+    assert str(data) in row["status"]
+    assert not (tmp_path / "local" / "envs" / FP).exists()
+    assert leftovers(tmp_path / "local") == []
+    objects = tmp_path / "local" / "store" / "objects"
+    assert not list(objects.rglob(f"{lie.hex()}.*"))  # nothing kept under the false name
+    row = ship_it(here, root, build=build)  # the real hash is known now: it beats the RECORD
+    assert row["status"] == "shipped"
+    assert (tmp_path / "local" / "envs" / FP / "lib/pkg/data.txt").read_text() == "hello" * 1000
+
+
 def test_an_interrupted_sync_keeps_what_arrived_and_the_next_one_resumes(here, tmp_path):
     root = folder(tmp_path)
     for i in range(20):
@@ -425,8 +471,8 @@ def test_the_environment_is_walked_again_only_when_what_is_installed_changes(
     monkeypatch.setattr(sync, "_source_dir", lambda: source)
     walks = []
     scan = ship.scan
-    monkeypatch.setattr(ship, "scan", lambda pairs, private, what: (
-        walks.append(what) or scan(pairs, private, what)))  # fmt: skip
+    monkeypatch.setattr(ship, "scan", lambda pairs, private, what, **kw: (
+        walks.append(what) or scan(pairs, private, what, **kw)))  # fmt: skip
 
     def names(tree) -> set:
         return {e[0] for e in tree.entries}
