@@ -343,11 +343,6 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
                 finally:
                     os.close(spare[1])
             removed, in_use = _prune(envs, name, keep)
-            if spare is None:
-                candidates = set()  # no tree left and none changed
-            else:  # the objects of the entries the change replaced
-                kept = {object_key(e) for e in entries if e[1] == "f"}
-                candidates = {object_key(e) for e in before if e[1] == "f"} - kept
         else:
             switch_data(store, name, tid, entries, prune=False)
             removed, in_use = [], []
@@ -359,8 +354,12 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
             if kind == "env":
                 if _empty_trash(envs):  # (also those an earlier tidy left)
                     store.collect(trees_in_use(base))
-                else:
+                elif spare is not None:  # the objects of the entries the change replaced
+                    kept = {object_key(e) for e in entries if e[1] == "f"}
+                    candidates = {object_key(e) for e in before if e[1] == "f"} - kept
                     store.collect(trees_in_use(base), candidates)
+                else:
+                    store.collect(trees_in_use(base), set())  # no tree left, none changed
             else:
                 prune_data(store, name)  # and collects, when it removed one
 
@@ -377,6 +376,7 @@ def _after_the_answer(work) -> None:
         return
     try:
         os.setsid()
+        os.nice(10)  # housekeeping: after what a user or another sync does on this machine
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)

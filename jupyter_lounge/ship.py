@@ -182,7 +182,14 @@ def folder_pairs(root: Path):
     yield from _walk(str(root), "", set())
 
 
+_TREES: dict = {}  # the last two trees remembered, in memory: id -> entries
+
+
 def remember(tree: Tree) -> None:
+    """Keep the manifest of ``tree`` (a node that has it gets the next one as a delta)."""
+    _TREES[tree.id] = tree.entries
+    while len(_TREES) > 2:
+        _TREES.pop(next(iter(_TREES)), None)
     folder = _cache_dir() / "trees"
     folder.mkdir(mode=0o700, exist_ok=True)
     path = folder / f"{tree.id}.z"
@@ -197,17 +204,21 @@ def remember(tree: Tree) -> None:
 
 
 def recalled(tid: str) -> list | None:
+    if (entries := _TREES.get(tid)) is not None:
+        return entries
     path = _cache_dir() / "trees" / f"{tid}.z"
     try:
         return treestore.unpack(path.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, zlib.error):
         return None
 
 
 def joined(*parts: Tree) -> Tree:
     """One tree of the entries of these (whose names do not meet)."""
-    tree = Tree([e for part in parts for e in part.entries], "")
-    for part in parts:
+    first, rest = parts[0], parts[1:]
+    tree = Tree([e for part in parts for e in part.entries], "", dict(first.sources),
+                dict(first.sizes), dict(first.mtimes))  # fmt: skip
+    for part in rest:
         for key, path in part.sources.items():
             tree.sources.setdefault(key, path)
         tree.sizes.update(part.sizes)
@@ -218,7 +229,11 @@ def joined(*parts: Tree) -> Tree:
 
 
 # A part of a tree as last scanned (the installed part of the environment), kept here by a key
-# that says what it was made from: one kept, the newest.
+# that says what it was made from: one kept, the newest; and in memory, for the next sync
+# from the same process (a notebook's).
+_PART: dict = {}
+
+
 def _parts_dir() -> Path:
     folder = _cache_dir() / "parts"
     folder.mkdir(mode=0o700, exist_ok=True)
@@ -226,29 +241,41 @@ def _parts_dir() -> Path:
 
 
 def remember_part(key: str, where: str, part: Tree) -> None:
+    """Keep ``part``, a scan of the folder ``where`` (its entries' names are paths below it)."""
     folder = _parts_dir()
-    data = {"where": where, "entries": part.entries, "sources": part.sources,
-            "sizes": part.sizes, "mtimes": part.mtimes}  # fmt: skip
     tmp = folder / f"{key}.tmp"
-    tmp.write_bytes(treestore.pack(data))
+    tmp.write_bytes(treestore.pack({"where": where, "entries": part.entries}))
     os.replace(tmp, folder / f"{key}.z")
     forget_parts(but=f"{key}.z")
+    _PART.update(key=key, where=where, part=part)
 
 
 def recalled_part(key: str, where: str) -> Tree | None:
     """The part remembered under ``key`` for the folder ``where``, or None."""
+    if _PART.get("key") == key and _PART.get("where") == where:
+        return _PART["part"]
     try:
         data = treestore.unpack((_parts_dir() / f"{key}.z").read_bytes())
     except (OSError, ValueError, zlib.error):
         return None
     if not isinstance(data, dict) or data.get("where") != where:
         return None
-    return Tree(data["entries"], "", data["sources"], data["sizes"], data["mtimes"])
+    part = Tree(data["entries"], "")
+    for e in part.entries:  # what scan() keeps beside the entries, made again from them
+        if e[1] == "f":
+            key_ = treestore.object_key(e)
+            if key_ not in part.sources:
+                part.sources[key_], part.mtimes[key_] = f"{where}/{e[0]}", e[5]
+            part.sizes[key_] = e[3]
+    _PART.update(key=key, where=where, part=part)
+    return part
 
 
 def forget_parts(but: str = "") -> None:
     """Forget the remembered parts (a file in one changed after all: ``ship`` calls it): the
     next build walks."""
+    if not but:
+        _PART.clear()
     for path in _parts_dir().iterdir():
         if path.name != but:
             path.unlink(missing_ok=True)
@@ -381,6 +408,9 @@ def ship(
                 s.close()
             raise made["error"]
         tree = made["tree"]
+        # kept for the next sync's delta while the nodes work (a failed sync's is harmless)
+        keeper = threading.Thread(target=remember, args=(tree,), daemon=True)
+        keeper.start()
     asked, known = {}, {tree.id: tree.entries} if tree else {}  # manifests, read once
 
     def recall(tid: str) -> list | None:
@@ -388,20 +418,26 @@ def ship(
             known[tid] = recalled(tid)
         return known[tid]
 
+    packed: dict = {}  # base -> the manifest frame's payload: made once for every node
+
+    def manifest(base: str | None) -> bytes:
+        if base not in packed:
+            change = {"tree": tree.id, "keep": keep, "base": base}
+            if base is not None:
+                change |= treestore.delta(recall(base), tree.entries)
+            else:
+                change |= {"set": tree.entries, "del": []}
+            packed[base] = treestore.pack(change)
+        return packed[base]
+
     for s, hello in live.values():  # every node checks its manifest at once
         base = tree.id if tree.id in hello["have"] else None
         base = base or next((t for t in hello["have"] if recall(t) is not None), None)
-        change = {"tree": tree.id, "keep": keep}
-        if base is not None:
-            change |= {"base": base, **treestore.delta(recall(base), tree.entries)}
-        else:
-            change |= {"base": None, "set": tree.entries, "del": []}
-        s.frame(b"M", treestore.pack(change))
+        s.frame(b"M", manifest(base))
     for name, (s, _) in live.items():
         said = s.answer(MANIFEST_S, "checking the manifest")
         if said and said["state"] == "resend":
-            full = {"tree": tree.id, "keep": keep, "base": None, "set": tree.entries, "del": []}
-            s.frame(b"M", treestore.pack(full))
+            s.frame(b"M", manifest(None))
             said = s.answer(MANIFEST_S, "checking the manifest")
         if said is None:
             continue
@@ -423,8 +459,8 @@ def ship(
         if done is not None:
             rows[name]["status"] = "shipped"
             s.close()
-    if tree is not None and any(r["status"] == "shipped" for r in rows.values()):
-        remember(tree)
+    if tree is not None:
+        keeper.join()
     for name, s in sessions.items():
         if s.failed:
             rows[name] |= {"status": f"failed: {s.failed}", "files": 0, "bytes": 0}

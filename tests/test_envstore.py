@@ -482,6 +482,10 @@ def test_the_environment_is_walked_again_only_when_what_is_installed_changes(
     assert {"lib/python3/site-packages/foo/__init__.py",
             "lib/python3/site-packages/jupyter_lounge/__init__.py"} <= names(first)  # fmt: skip
     assert sync.env_tree().id == first.id and walks.count("env") == 1
+    monkeypatch.setattr(ship, "_PART", {})  # a new process: the part is read from the disk
+    again = sync.env_tree()
+    assert walks.count("env") == 1 and again.id == first.id
+    assert (again.sources, again.sizes, again.mtimes) == (first.sources, first.sizes, first.mtimes)
     (source / "__init__.py").write_text("X = 2\n")  # an edit of our source: a new tree, no walk
     edited = sync.env_tree()
     assert edited.id != first.id and walks.count("env") == 1

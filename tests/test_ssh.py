@@ -335,7 +335,7 @@ def test_lounge_sync_ships_once_then_agents_run_the_prepositioned_python(
     from jupyter_lounge.backends import make_backend
 
     edited = tmp_path / "edited.py"  # one more source file: a new environment, one file new
-    edited.write_text("EDITED = True\n")
+    edited.write_text(f"EDITED = {os.urandom(8).hex()!r}\n")  # bytes no node has yet
     tree = sync.env_tree
     monkeypatch.setattr(sync, "env_tree", lambda rescan=False: tree([("lib/edited.py", edited)]))
     fresh = os.urandom(8).hex()  # no node has it, whatever ran on the testbed before
