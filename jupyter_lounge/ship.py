@@ -5,9 +5,11 @@ One SSH session per node runs the node program's ``put``; the conversation on it
 
 1. the node says whether it has the tree already (an environment, by fingerprint) and which
    trees it keeps manifests of;
-2. we send the manifest: only what changed since one of those trees when we remember its
-   manifest (``<lounge dir>/cache/trees``), else all of it; the node checks the result adds
-   up to the tree's id;
+2. we send the manifest, to each node as soon as it has answered (the others may still be
+   starting): only what changed since one of those trees when we remember its manifest
+   (``<lounge dir>/cache/trees``), else all of it; the node checks the result adds up to the
+   tree's id. The change from the tree we shipped last, the likely base, is made while the
+   nodes start;
 3. the node says which objects (files, by content) it lacks, and whether its disk has room;
 4. we send them: nodes that lack the same objects get one stream, written to all their
    sessions at once, with a progress bar per stream (bytes and files); each file is hashed
@@ -187,6 +189,7 @@ _TREES: dict = {}  # the last two trees remembered, in memory: id -> entries
 
 def remember(tree: Tree) -> None:
     """Keep the manifest of ``tree`` (a node that has it gets the next one as a delta)."""
+    _TREES.pop(tree.id, None)  # (then last: the newest)
     _TREES[tree.id] = tree.entries
     while len(_TREES) > 2:
         _TREES.pop(next(iter(_TREES)), None)
@@ -201,6 +204,18 @@ def remember(tree: Tree) -> None:
     kept = sorted(folder.glob("*.z"), key=lambda p: p.stat().st_mtime, reverse=True)
     for old in kept[TREES_KEPT:]:
         old.unlink(missing_ok=True)
+
+
+def newest_remembered() -> str | None:
+    """The id of the tree remembered last: the likely base of the next sync's delta."""
+    if _TREES:
+        return next(reversed(_TREES))
+    try:
+        with os.scandir(_cache_dir() / "trees") as found:
+            times = {e.name[:-2]: e.stat().st_mtime for e in found if e.name.endswith(".z")}
+    except OSError:
+        return None
+    return max(times, key=times.get, default=None)
 
 
 def recalled(tid: str) -> list | None:
@@ -293,7 +308,14 @@ class Session:
         self.failed: str | None = None
         self.sent = 0
         self.send(first + envstore.program())
+        self.flush()  # all of it now: the node starts while the others are still answering
         self.program = self.sent
+
+    def flush(self) -> None:
+        try:
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            pass
 
     def send(self, data: bytes) -> None:
         if self.failed:
@@ -307,15 +329,13 @@ class Session:
     def frame(self, kind: bytes, payload: bytes) -> None:
         self.send(envstore.frame(kind, payload))
 
-    def answer(self, timeout: float, doing: str) -> dict | None:
-        """The node's next line, parsed; None (and ``failed`` says why) when there is none."""
+    def answer(self, timeout: float, doing: str, deadline: float = 0.0) -> dict | None:
+        """The node's next line, parsed; None (and ``failed`` says why) when there is none
+        within ``timeout`` s (or by ``deadline``, when given: a wait that began earlier)."""
         if self.failed:
             return None
-        try:
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass
-        deadline = time.monotonic() + timeout
+        self.flush()
+        deadline = deadline or time.monotonic() + timeout
         fd = self.proc.stdout.fileno()
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
@@ -354,17 +374,37 @@ class Session:
             self.failed = why
             self.close()
 
+    def end(self) -> None:
+        """Close the node's input: it ends (``close`` waits for it)."""
+        try:
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+
     def close(self) -> None:
-        for stream in (self.proc.stdin,):
-            try:
-                stream.close()
-            except (BrokenPipeError, OSError):
-                pass
+        self.end()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def _in_turn(sessions: dict, timeout: float, doing: str):
+    """(name, its next answer, or None) for each of these sessions, as the answers arrive."""
+    deadline = time.monotonic() + timeout
+    waiting = dict(sessions)
+    for s in waiting.values():
+        s.flush()
+    while waiting:
+        names = [n for n, s in waiting.items() if s.failed or b"\n" in s.buf]
+        if not names:
+            fds = {s.proc.stdout.fileno(): n for n, s in waiting.items()}
+            left = max(deadline - time.monotonic(), 0)
+            names = [fds[fd] for fd in select.select(list(fds), [], [], left)[0]]
+            names = names or list(waiting)  # none within the time: each says so
+        for name in names:
+            yield name, waiting.pop(name).answer(timeout, doing, deadline)
 
 
 def ship(
@@ -379,61 +419,72 @@ def ship(
     gives the Tree, called only when a node lacks it. node -> {status, files, bytes}."""
     rows = {name: {"status": "", "files": 0, "bytes": 0} for name in sessions}
     made: dict = {}
-
-    def make() -> None:
-        try:
-            made["tree"] = build()
-        except BaseException as e:  # noqa: BLE001 - raised below, in the caller's thread
-            made["error"] = e
-
-    # The tree is made while the nodes start and look: often they all have it, and the
-    # scan, made for nothing then, does not hold anyone up (a daemon thread).
-    maker = threading.Thread(target=make, daemon=True, name="lounge-scan")
-    maker.start()
-    live = {}
-    for name, s in sessions.items():
-        hello = s.answer(HELLO_S, "starting")
-        if hello is None:
-            continue
-        if hello["state"] == "present":
-            rows[name]["status"] = "present"
-            s.close()
-        else:
-            live[name] = (s, hello)
-    tree = None
-    if live:
-        maker.join()
-        if "error" in made:
-            for s in sessions.values():
-                s.close()
-            raise made["error"]
-        tree = made["tree"]
-        # kept for the next sync's delta while the nodes work (a failed sync's is harmless)
-        keeper = threading.Thread(target=remember, args=(tree,), daemon=True)
-        keeper.start()
-    asked, known = {}, {tree.id: tree.entries} if tree else {}  # manifests, read once
+    known: dict = {}  # tree id -> its entries (manifests read once)
+    packed: dict = {}  # base -> the manifest frame's payload: made once for every node
+    packing = threading.Lock()
 
     def recall(tid: str) -> list | None:
         if tid not in known:
             known[tid] = recalled(tid)
         return known[tid]
 
-    packed: dict = {}  # base -> the manifest frame's payload: made once for every node
-
     def manifest(base: str | None) -> bytes:
-        if base not in packed:
-            change = {"tree": tree.id, "keep": keep, "base": base}
-            if base is not None:
-                change |= treestore.delta(recall(base), tree.entries)
-            else:
-                change |= {"set": tree.entries, "del": []}
-            packed[base] = treestore.pack(change)
-        return packed[base]
+        tree = made["tree"]
+        with packing:
+            if base not in packed:
+                change = {"tree": tree.id, "keep": keep, "base": base}
+                if base is not None:
+                    change |= treestore.delta(recall(base), tree.entries)
+                else:
+                    change |= {"set": tree.entries, "del": []}
+                packed[base] = treestore.pack(change)
+            return packed[base]
 
-    for s, hello in live.values():  # every node checks its manifest at once
+    def make() -> None:
+        try:
+            made["tree"] = build()
+        except BaseException as e:  # noqa: BLE001 - raised below, in the caller's thread
+            made["error"] = e
+            return
+        # The delta from the tree shipped last, the likely base, is made while the nodes
+        # start, not after they answer (a node that has another gets its own).
+        guess = newest_remembered()
+        ready.set()
+        if guess not in (None, made["tree"].id) and recall(guess) is not None:
+            manifest(guess)
+
+    # The tree is made while the nodes start and look: often they all have it, and the
+    # scan, made for nothing then, does not hold anyone up (a daemon thread).
+    ready = threading.Event()
+    maker = threading.Thread(target=make, daemon=True, name="lounge-scan")
+    maker.start()
+    live, tree = {}, None
+    for name, hello in _in_turn(sessions, HELLO_S, "starting"):  # each node checks its
+        s = sessions[name]  # manifest as soon as it has said what it has
+        if hello is None:
+            continue
+        if hello["state"] == "present":
+            rows[name]["status"] = "present"
+            s.close()
+            continue
+        if tree is None:
+            while not ready.wait(0.05) and maker.is_alive():
+                pass
+            if "error" in made:
+                for s in sessions.values():
+                    s.close()
+                raise made["error"]
+            tree = made["tree"]
+            known[tree.id] = tree.entries
+            # kept for the next sync's delta while the nodes work (a failed sync's is harmless)
+            keeper = threading.Thread(target=remember, args=(tree,), daemon=True)
+            keeper.start()
+        live[name] = (s, hello)
         base = tree.id if tree.id in hello["have"] else None
         base = base or next((t for t in hello["have"] if recall(t) is not None), None)
         s.frame(b"M", manifest(base))
+        s.flush()
+    asked = {}
     for name, (s, _) in live.items():
         said = s.answer(MANIFEST_S, "checking the manifest")
         if said and said["state"] == "resend":
@@ -458,7 +509,7 @@ def ship(
         done = s.answer(FINISH_S, "linking the tree")
         if done is not None:
             rows[name]["status"] = "shipped"
-            s.close()
+            s.end()  # (each ends while the others finish; all are waited for below)
     if tree is not None:
         keeper.join()
     for name, s in sessions.items():

@@ -498,3 +498,27 @@ def test_the_environment_is_walked_again_only_when_what_is_installed_changes(
     sync.env_tree()
     ship.forget_parts()
     assert sync.env_tree().id == with_bar.id and walks.count("env") == 4
+
+
+@pytest.mark.fast
+def test_nodes_are_heard_as_they_answer_and_a_silent_one_says_what_it_was_waiting_for():
+    """ship._in_turn gives each session's next answer as it arrives (a node that answers
+    first is not held up by a slow one listed before it); one that says nothing in time gives
+    None and its session says what it waited for and how long."""
+
+    def session(name: str, answer: str) -> ship.Session:  # each reads its input to the end
+        return ship.Session(name, ["bash", "-c", f"{answer} cat >/dev/null"], b"")
+
+    sessions = {
+        "slow": session("slow", """sleep 0.8; echo '{"node": "slow"}';"""),
+        "quick": session("quick", """echo '{"node": "quick"}';"""),
+        "silent": session("silent", ""),
+    }
+    try:
+        heard = list(ship._in_turn(sessions, 3.0, "testing"))
+    finally:
+        for s in sessions.values():
+            s.close()
+    assert heard == [("quick", {"node": "quick"}), ("slow", {"node": "slow"}), ("silent", None)]
+    assert sessions["silent"].failed == "no answer within 3 s while testing"
+    assert not sessions["quick"].failed and not sessions["slow"].failed
