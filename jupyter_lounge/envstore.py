@@ -209,9 +209,21 @@ INTERRUPTED = ("the stream ended early (the sync was interrupted; run it again: 
                "arrived are kept)")  # fmt: skip
 
 
+def widen_pipe(fd: int) -> None:
+    """Give this pipe a MiB (64 KiB by default): a shipment is written a MiB at a time, and
+    each time a pipe fills, its writer waits for its reader to be woken."""
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+    except (OSError, AttributeError):  # not a pipe, a lower limit, or not Linux
+        pass
+
+
 def _frames(fd: int = 0):
     """The frames on stdin: (kind, payload) until the stream ends. Read through a buffer:
     a shipment is tens of thousands of small frames."""
+    widen_pipe(fd)
     stream = open(fd, "rb", buffering=1 << 20, closefd=False)
     read, unpack_head = stream.read, struct.Struct(">I").unpack
     while True:

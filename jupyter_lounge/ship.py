@@ -304,6 +304,7 @@ class Session:
         self.proc = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
+        envstore.widen_pipe(self.proc.stdin.fileno())
         self.buf = b""
         self.failed: str | None = None
         self.sent = 0
