@@ -35,7 +35,10 @@ The ways:
   per node, all at once, DEST ``/var/local/bench-tar/KIND``. Bytes sent: the sum of the tar
   streams' sizes (``tar --totals``).
 
-The cases, each repeated (``--repeat``, default 3; the table gives the median):
+The cases, each repeated (``--repeat``, default 3; the table gives the median). The ways take
+turns, a different one first in each repetition (run one after another, a way would always
+find the disk as the one before it left it), and before each timed sync what earlier runs left
+for the kernel to write back to disk is written (``os.sync()``, not timed):
 
 * first sync: the nodes have nothing of the tree (before each repetition what that way put
   on the nodes is removed, from this machine's side: the nodes' /var/local is
@@ -393,14 +396,16 @@ def ensure_rsync() -> None:
 
 
 def measure(ways, targets, args, notes: list[str]) -> list[dict]:
-    """For each tree and way, ``repeat`` times: clean the nodes, first sync, change one file,
-    re-sync; then clean up (so only one way's copies are on the nodes at a time)."""
+    """For each tree, ``repeat`` times, each way in turn (a different one first each time, so
+    none always runs on a machine the others have warmed or loaded): clean the nodes, first
+    sync, change one file, re-sync, clean up (only one way's copies are on the nodes at a
+    time). What the last run left to write back to disk is written before each timed run."""
     rows = []
     for target in targets:
         report_first = not (args.quick and target.kind == "env")
-        for way in ways:
-            runs: dict[str, list] = {"first sync": [], "one-file re-sync": []}
-            for rep in range(args.repeat):
+        runs = {(w.name, c): [] for w in ways for c in ("first sync", "one-file re-sync")}
+        for rep in range(args.repeat):
+            for way in ways[rep % len(ways) :] + ways[: rep % len(ways)]:
                 way.clean()
                 target.reset()
                 for case, first in (("first sync", True), ("one-file re-sync", False)):
@@ -408,23 +413,24 @@ def measure(ways, targets, args, notes: list[str]) -> list[dict]:
                     if not first:
                         target.edit()
                     print(f"{label}, {way.name} ({rep + 1}/{args.repeat}) ...", file=sys.stderr)
+                    os.sync()
                     try:
                         seconds, sent = way.sync(target, label, first)
                     except Exception as e:  # noqa: BLE001 - noted, the next goes on
                         notes.append(f"{label}, {way.name}: {type(e).__name__}: {e}"[:400])
                         continue
                     print(f"  {seconds:.1f} s, {sent / 1e6:.1f} MB", file=sys.stderr, flush=True)
-                    runs[case].append((seconds, sent))
-            way.clean()
-            for case, got in runs.items():
-                if case == "first sync" and not report_first:
-                    continue
-                row = {"case": f"{target.kind} {case}", "way": way.name, "seconds": None}
-                if got:
-                    row["seconds"] = statistics.median(s for s, _ in got)
-                    row["bytes"] = statistics.median(b for _, b in got)
-                    row["runs"] = [round(s, 2) for s, _ in got]
-                rows.append(row)
+                    runs[way.name, case].append((seconds, sent))
+                way.clean()
+        for (name, case), got in runs.items():
+            if case == "first sync" and not report_first:
+                continue
+            row = {"case": f"{target.kind} {case}", "way": name, "seconds": None}
+            if got:
+                row["seconds"] = statistics.median(s for s, _ in got)
+                row["bytes"] = statistics.median(b for _, b in got)
+                row["runs"] = [round(s, 2) for s, _ in got]
+            rows.append(row)
     cases = [f"{t.kind} {c}" for t in targets for c in ("first sync", "one-file re-sync")]
     names = [w.name for w in ways]
     return sorted(rows, key=lambda r: (cases.index(r["case"]), names.index(r["way"])))
