@@ -446,6 +446,7 @@ def ship(
             made["tree"] = build()
         except BaseException as e:  # noqa: BLE001 - raised below, in the caller's thread
             made["error"] = e
+            ready.set()
             return
         # The delta from the tree shipped last, the likely base, is made while the nodes
         # start, not after they answer (a node that has another gets its own).
@@ -469,8 +470,7 @@ def ship(
             s.close()
             continue
         if tree is None:
-            while not ready.wait(0.05) and maker.is_alive():
-                pass
+            ready.wait()  # the scan (a failed one sets it too)
             if "error" in made:
                 for s in sessions.values():
                     s.close()

@@ -12,8 +12,8 @@ with ``Cluster.scale``, and leaves its client connection file where their tests 
 Where a stock expectation is deliberately different on lounge engines, the test is listed in
 ``DIFFERENT`` with the reason and skipped; nothing else is. A stock test that bounds what
 happens within a wall-clock time is listed in ``TIMED`` with that bound: when it fails it is
-run once more, and both tries are reported (``make test`` runs two groups of their modules
-side by side on 2 cores, where such a bound is sometimes missed with stock engines too).
+run once more: the first try's failure is printed, the second try is the one reported (a
+loaded machine can miss such a bound with stock engines too).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ DIFFERENT: dict[str, str] = {}
 #: test id -> the wall-clock bound in it that a loaded machine can miss.
 TIMED: dict[str, str] = {
     "test_lbview.py::TestLoadBalancedView::test_imap_max_outstanding": (
-        "at most 10 tasks submitted by the time the test reads the history after its second "
-        "result, while tasks of 0.1 s each finish and submit more from the client's IO thread"
+        "5 to 10 tasks submitted by its first and second results, tasks of 0.1 s each that "
+        "the client's threads submit as others finish"
     ),
 }
 
