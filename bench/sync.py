@@ -468,8 +468,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--quick", action="store_true", help="a 50 MB data set; of the env, the re-sync only"
     )
+    ap.add_argument(
+        "--trees", default="env,data", help="which trees to sync: env, data or both (env,data)"
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = ap.parse_args(argv)
+    trees = args.trees.split(",")
+    if not trees or set(trees) - {"env", "data"}:
+        ap.error(f"--trees {args.trees!r}: name env, data or both, comma-separated")
     if missing := [v for v in TESTBED_ENV if not os.environ.get(v)]:
         ap.error(f"no SSH testbed here ({', '.join(missing)} unset): set -a; . ./.testbed.env")
     ensure_rsync()
@@ -491,6 +497,7 @@ def main(argv: list[str] | None = None) -> None:
         for src, dst in ((sys.prefix, extra), (os.path.join(sys.prefix, "lib"), f"{extra}/lib")):
             shutil.copystat(src, dst)  # the merged folders keep the venv's modes and times
         targets = [Target("env", sys.prefix, extra), Target("data", str(data))]
+        targets = [t for t in targets if t.kind in trees]
         ways = [Ours(backend, notes, os.environ["JUPYTER_LOUNGE_DIR"])]
         ways += [Rsync(backend, notes), TarSsh(backend, notes)]
         rows = measure(ways, targets, args, notes)

@@ -61,6 +61,9 @@ class Tree:
     sources: dict[str, str] = field(default_factory=dict)  # object key -> a local path
     sizes: dict[str, int] = field(default_factory=dict)  # object key -> bytes
     mtimes: dict[str, int] = field(default_factory=dict)
+    #: object key -> (path, its stat's stamp) for files hashed by this scan, unchanged since
+    #: long enough before it: sent without a second hash while they stay so (``unchanged``)
+    read: dict[str, tuple[str, tuple]] = field(default_factory=dict)
 
     @property
     def files(self) -> int:
@@ -79,6 +82,23 @@ def _cache_dir() -> Path:
     return path
 
 
+RACY_NS = 2 * 10**9  # a file changed this close before it was hashed may change unseen
+
+
+def _stamp(st: os.stat_result) -> tuple:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def unchanged(tree: Tree, key: str, path: str, st: os.stat_result) -> bool:
+    """Whether ``path``, as ``st`` says now, is what this tree's scan hashed as ``key``: the
+    same file, its size and times (its change time is set by the kernel on every write and
+    cannot be set back) as then, when they were already older than the scan by ``RACY_NS``
+    (a write right after the scan's stat could leave equal times on a coarse clock: such a
+    file is hashed again as it is sent, as git's index does with a "racy" file)."""
+    read = tree.read.get(key)
+    return read is not None and read[0] == path and read[1] == _stamp(st)
+
+
 def sha256_file(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -92,7 +112,8 @@ def scan(pairs, private: bool, what: str, trusted: dict | None = None) -> Tree:
     files hashed unless their size, mtime and inode are as when last hashed, or ``trusted``
     (path -> (size, sha256, mtime_ns): what a RECORD says, see ``record_hashes``) gives
     their hash and they have its size and were not changed since. Every file sent is checked
-    against its hash as it is read (``_send_objects``). ``private``: the owner alone may read
+    against its hash as it is read (``_send_objects``), but one hashed here and unchanged
+    since (``unchanged``). ``private``: the owner alone may read
     it on the node (data sets); else others may read, not change it. Every file is
     read-only on the node (its object is shared by every tree that has it)."""
     cache_path = _cache_dir() / f"hashes-{what}.json"
@@ -101,6 +122,8 @@ def scan(pairs, private: bool, what: str, trusted: dict | None = None) -> Tree:
     file_mask, dir_mask = (0o500, 0o700) if private else (0o555, 0o755)
     entries, tree, files = [], Tree([], ""), []
     unknown = []  # (entry, path) of files whose hash is not known yet
+    stamps = {}  # path -> its stat's stamp, of files old enough to be trusted while it holds
+    settled = time.time_ns() - RACY_NS
     for name, path in pairs:
         st = os.lstat(path)
         mode, mtime = st.st_mode, int(st.st_mtime)
@@ -123,6 +146,8 @@ def scan(pairs, private: bool, what: str, trusted: dict | None = None) -> Tree:
                 entry[4] = said[1]
             else:
                 unknown.append((entry, path))
+                if st.st_ctime_ns < settled and st.st_mtime_ns < settled:
+                    stamps[path] = _stamp(st)
             entries.append(entry)
             files.append((entry, path, stamp))
     if unknown:  # hashlib lets go of the GIL: one thread per core, each with its share
@@ -139,6 +164,8 @@ def scan(pairs, private: bool, what: str, trusted: dict | None = None) -> Tree:
         tree.sources.setdefault(key, path)
         tree.sizes[key] = entry[3]
         tree.mtimes.setdefault(key, entry[5])
+        if path in stamps and tree.sources[key] == path:
+            tree.read[key] = (path, stamps[path])
     if fresh != cache:
         write_json(cache_path, fresh, compact=True)
     tree.entries, tree.id = entries, treestore.tree_id(entries)
@@ -232,11 +259,13 @@ def joined(*parts: Tree) -> Tree:
     """One tree of the entries of these (whose names do not meet)."""
     first, rest = parts[0], parts[1:]
     tree = Tree([e for part in parts for e in part.entries], "", dict(first.sources),
-                dict(first.sizes), dict(first.mtimes))  # fmt: skip
+                dict(first.sizes), dict(first.mtimes), dict(first.read))  # fmt: skip
     for part in rest:
         for key, path in part.sources.items():
             tree.sources.setdefault(key, path)
         tree.sizes.update(part.sizes)
+        for key, read in part.read.items():
+            tree.read.setdefault(key, read)
         for key, mtime in part.mtimes.items():
             tree.mtimes.setdefault(key, mtime)
     tree.id = treestore.tree_id(tree.entries)
@@ -574,19 +603,25 @@ def _send_objects(tree: Tree, keys, sessions: list[Session], progress: bool) -> 
         for i, key in enumerate(keys):
             path, left = tree.sources[key], tree.sizes[key]
             send(envstore.object_frame(key, left, tree.mtimes.get(key)))
-            h = hashlib.sha256()  # what is sent is checked here, once for every node
             with open(path, "rb") as f:
+                # what is sent is checked here, once for every node: by its hash, or by its
+                # stat before and after, if it was hashed by this sync's scan
+                h = None if unchanged(tree, key, path, os.fstat(f.fileno())) else hashlib.sha256()
                 while left and (chunk := f.read(min(CHUNK, left))):
-                    h.update(chunk)
+                    if h is not None:
+                        h.update(chunk)
                     send(envstore.frame_head(b"D", len(chunk)), chunk)
                     left -= len(chunk)
                     if bar is not None:
                         bar.update(len(chunk))
                 if left:
                     raise OSError(f"it is {left} bytes shorter than when it was hashed")
-                if h.hexdigest() != key.rsplit(".", 1)[0]:  # the nodes say so, and drop it
+                moved = h is None and not unchanged(tree, key, path, os.fstat(f.fileno()))
+                if moved or (h is not None and h.hexdigest() != key.rsplit(".", 1)[0]):
                     send(envstore.frame(b"X", path.encode(errors="surrogateescape")))
-                    _learn(path, h.hexdigest(), os.fstat(f.fileno()))
+                    if h is not None:  # what it is now (one that changed as it was sent: the
+                        # next scan hashes it, its stamp being new)
+                        _learn(path, h.hexdigest(), os.fstat(f.fileno()))
                     break
             send(envstore.frame(b"K", b""))
             if bar is not None:

@@ -106,12 +106,23 @@ def test_a_second_environment_ships_only_the_changed_file_and_the_manifest_chang
     assert (env / "lib" / "module_008.py").stat().st_ino == unchanged  # one copy
 
 
-def test_a_file_that_changed_after_hashing_is_refused_and_leaves_nothing(here, tmp_path):
+@pytest.mark.parametrize("settled", [False, True], ids=["just-written", "settled"])
+def test_a_file_that_changed_after_hashing_is_refused_and_leaves_nothing(
+    here, tmp_path, monkeypatch, settled
+):
+    """Checked by its hash as it is sent, or (a file older than the scan by RACY_NS: here
+    every file) by its stat: the same size and mtime do not hide a write from it."""
+    if settled:
+        monkeypatch.setattr(ship, "RACY_NS", 0)
     root = folder(tmp_path)
 
     def build():
         tree = ship.scan(ship.folder_pairs(root), private=False, what="test")
-        (root / "lib" / "pkg" / "data.txt").write_text("jello" * 1000)  # same size
+        assert bool(tree.read) == settled  # files whose stat the send will check
+        data = root / "lib" / "pkg" / "data.txt"
+        st = data.stat()
+        data.write_text("jello" * 1000)  # same size
+        os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the same mtime
         return tree
 
     row = ship_it(here, root, build=build)
@@ -119,6 +130,24 @@ def test_a_file_that_changed_after_hashing_is_refused_and_leaves_nothing(here, t
     assert "changed while the sync read it" in row["status"]
     assert not (tmp_path / "local" / "envs" / FP).exists()
     assert leftovers(tmp_path / "local") == []
+
+
+def test_a_file_the_scan_hashed_is_sent_unhashed_while_its_stat_holds(here, tmp_path, monkeypatch):
+    """The sync's own scan read the file once; sending it does not hash it again."""
+    monkeypatch.setattr(ship, "RACY_NS", 0)
+    root = folder(tmp_path)
+
+    def refuse():
+        raise AssertionError("hashed a second time as it was sent")
+
+    def build():
+        tree = ship.scan(ship.folder_pairs(root), private=False, what="test")
+        monkeypatch.setattr(ship, "hashlib", type("NoHash", (), {"sha256": refuse}))
+        return tree
+
+    assert ship_it(here, root, build=build)["status"] == "shipped"
+    env = tmp_path / "local" / "envs" / FP
+    assert (env / "lib" / "pkg" / "data.txt").read_text() == "hello" * 1000
 
 
 def test_a_record_is_trusted_while_its_file_is_as_installed_and_checked_as_it_is_sent(
