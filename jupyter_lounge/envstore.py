@@ -57,7 +57,8 @@ except ImportError:  # sent as source after trust.py's and treestore.py's: names
 
 MARKER = ".lounge-env"
 KEEP = 2  # environments kept on a node at most: the new one and the one before it (sync.KEEP)
-#: The command-line program ssh runs (with ``-I -S -c``: no site, so no .pth imports): it reads N bytes of program from stdin.
+#: The command-line program ssh runs (with ``-I -S -c``: no site, so no .pth imports): it reads
+#: N bytes of program from stdin.
 BOOT = (
     "import os,sys\n"
     "n=int(sys.argv[1]);b=b''\n"
