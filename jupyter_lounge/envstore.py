@@ -357,7 +357,7 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
                     os.close(spare[1])
             removed, in_use = _prune(envs, name, keep)
         else:
-            switch_data(store, name, tid, entries, prune=False)
+            freed = switch_data(store, name, tid, entries, prune=False)[1]
             removed, in_use = [], []
         _say({"state": "shipped", "files": files, "bytes": received, "tree": tid,
               "removed": removed, "in_use": in_use})  # fmt: skip
@@ -375,6 +375,8 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
                     store.collect(trees_in_use(base), set())  # no tree left, none changed
             else:
                 prune_data(store, name)  # and collects, when it removed one
+                if freed:  # the objects of the entries the switch replaced
+                    store.collect(trees_in_use(base), freed)
 
         _after_the_answer(tidy)
 

@@ -468,14 +468,29 @@ def data_sets(root: str) -> list[dict]:
     return out
 
 
-def switch_data(store: Store, name: str, tid: str, entries: list, prune: bool = True) -> str:
-    """Make tree ``tid`` data set ``name`` (linking it when it is not there yet), keep the
-    version before, remove older ones (``prune``: now; else see ``prune_data``); the data
-    set's folder."""
+def switch_data(store: Store, name: str, tid: str, entries: list, prune: bool = True):
+    """Make tree ``tid`` data set ``name``, keep the version before, remove older ones
+    (``prune``: now; else see ``prune_data``). A new version is made from the one the switch
+    would remove, changed in place by the difference (a one-file change is a one-file job, not
+    a link for every file and a removal of every file of the old one); else linked whole. The
+    data set's folder, and the object keys that may have lost their last link (for
+    ``Store.collect``; collected here when ``prune``)."""
     folder = private_dir(data_dir(store.root), "data folder")
     versioned = os.path.join(folder, f".{name}.{tid}")
+    freed = set()
     if not os.path.isdir(versioned):
-        store.link_tree(entries, versioned, PRIVATE)
+        spare = _spare_version(store, name, tid)
+        if spare is not None:
+            path, old = spare
+            kept = {object_key(e) for e in entries if e[1] == "f"}
+            freed = {object_key(e) for e in old if e[1] == "f"} - kept
+            try:
+                store.evolve_tree(path, old, delta(old, entries), versioned, PRIVATE, {})
+            except (OSError, StoreError):  # not as its manifest says: it is gone; link anew
+                spare = None
+        if spare is None:
+            store.link_tree(entries, versioned, PRIVATE)
+    os.utime(versioned)  # when it became current: prune_data keeps the newest
     link = os.path.join(folder, name)
     tmp = link + f".new-{os.getpid()}"
     _unlink(tmp)
@@ -483,7 +498,27 @@ def switch_data(store: Store, name: str, tid: str, entries: list, prune: bool = 
     os.replace(tmp, link)  # readers see the old version or the new one, never neither
     if prune:
         prune_data(store, name)
-    return versioned
+        if freed:
+            store.collect(trees_in_use(store.root), freed)
+    return versioned, freed
+
+
+def _spare_version(store: Store, name: str, tid: str) -> tuple[str, list] | None:
+    """A version of data set ``name`` that switching to ``tid`` would remove (the newest of
+    them), with its entries: never the current one, which stays as the one before."""
+    folder, current = data_dir(store.root), data_current(store.root, name)
+    found = []
+    for entry in os.listdir(folder):
+        other = entry[len(name) + 2 :]
+        if (entry.startswith(f".{name}.") and not entry.startswith(f".{name}.new-")
+                and ".part-" not in other and other not in (current, tid)):  # fmt: skip
+            found.append((os.lstat(os.path.join(folder, entry)).st_mtime, other))
+    found.sort(reverse=True)
+    for _, other in found[max(DATA_KEEP - 2, 0) :]:
+        entries = store.manifest(other)
+        if entries is not None:
+            return os.path.join(folder, f".{name}.{other}"), entries
+    return None
 
 
 def prune_data(store: Store, name: str) -> None:
@@ -536,7 +571,7 @@ def stage_copy(root: str, name: str, tid: str, entries: list, source: str) -> st
                     "content"
                 ) from None
         store.save_manifest(tid, entries)
-        return switch_data(store, name, tid, entries)
+        return switch_data(store, name, tid, entries)[0]
 
 
 def scratch_root(scratch: str | None) -> str:

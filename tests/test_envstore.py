@@ -278,6 +278,39 @@ def test_a_data_set_is_the_owners_alone_and_changes_whole(here, tmp_path):
     assert "cannot name a data set" in status
 
 
+def test_a_data_set_version_is_made_from_the_one_it_replaces_by_its_change(here, tmp_path):
+    root, local = tmp_path / "cells", tmp_path / "local"
+    (root / "a").mkdir(parents=True)
+    for i in range(30):
+        (root / "a" / f"{i:02}.bin").write_bytes(os.urandom(500))
+
+    def stage(labels: str) -> Path:
+        (root / "labels.csv").write_text(labels)
+        assert ship_it(here, root, name="cells", kind="data")["status"] == "shipped"
+        tidied(local)  # (its manifest saved: a later version may be made of it)
+        return (local / "data" / "cells").resolve()
+
+    def same(version: Path) -> None:
+        got = {p.relative_to(version): p.read_bytes() for p in version.rglob("*") if p.is_file()}
+        assert got == {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+        for path in [version, *version.rglob("*")]:
+            assert path.stat().st_mode & 0o077 == 0, path
+
+    v1 = stage("v1\n")
+    folder = v1.stat().st_ino
+    v2, v3 = stage("v2\n"), stage("v3\n")
+    assert v3.stat().st_ino == folder and not v1.exists()  # v1's folder, changed into v3
+    assert (v2 / "labels.csv").read_text() == "v2\n"  # the one before stays as it was
+    same(v3)
+    objects = list((local / "store" / "objects").rglob("*.*"))
+    assert len(objects) == 32  # 30 + the labels of v2 and v3: v1's collected
+    (v2 / "extra.txt").write_text("someone's")  # v2 is no longer as its manifest says
+    (root / "extra.txt").write_text("new")
+    v4 = stage("v4\n")
+    assert not v2.exists()  # the change failed on it (extra.txt was there): it is gone
+    same(v4)  # and v4 linked anew
+
+
 def test_a_node_without_room_says_so_with_the_numbers(here, tmp_path):
     local = tmp_path / "local"
     local.mkdir(mode=0o700)
