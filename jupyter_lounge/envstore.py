@@ -42,6 +42,7 @@ try:
         apply_delta,
         data_current,
         data_sets,
+        data_versions,
         object_key,
         prune_data,
         remove_data,
@@ -298,10 +299,15 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
         if kind == "env" and os.path.isdir(envs):  # the best base first (see _spare_order)
             spare = [t for _, t in _spare_order(envs)]
             have = [t for t in spare if t in have] + [t for t in have if t not in spare]
+        elif kind == "data":  # this data set's versions first, the current one first
+            mine = data_versions(base, name)
+            have = [t for t in mine if t in have] + [t for t in have if t not in mine]
         _say({"state": "absent", "have": have, "free_mib": store.free_mib()})
         change, entries, before = _manifest(store, frames)
-        _check_entries(change["set"] if kind == "env" else entries, kind)  # (env: the rest
-        # is a manifest this node checked and saved)
+        # The rest is a manifest this node checked and saved: an environment's, or a data
+        # set's (checked as data: an environment's base could give a data set wider modes)
+        trusted = kind == "env" or change.get("base") in data_versions(base, None)
+        _check_entries(change["set"] if trusted else entries, kind)
         tid, keep = change["tree"], int(change.get("keep", KEEP))
         if kind == "data" and not force and data_current(base, name) == tid:
             _say({"state": "present"})

@@ -118,62 +118,78 @@ def scan(pairs, private: bool, what: str, trusted: dict | None = None) -> Tree:
     read-only on the node (its object is shared by every tree that has it)."""
     cache_path = _cache_dir() / f"hashes-{what}.json"
     cache = read_json(cache_path) or {}
-    fresh = {}
+    hits = 0  # files whose hash the cache gave: when every file's did, it is rewritten only
+    # if some of its files are gone
     file_mask, dir_mask = (0o500, 0o700) if private else (0o555, 0o755)
-    entries, tree, files = [], Tree([], ""), []
-    unknown = []  # (entry, path) of files whose hash is not known yet
+    entries, tree = [], Tree([], "")
+    unknown = []  # (entry, path, stamp) of files whose hash is not known yet
     stamps = {}  # path -> its stat's stamp, of files old enough to be trusted while it holds
     settled = time.time_ns() - RACY_NS
-    for name, path in pairs:
-        st = os.lstat(path)
-        mode, mtime = st.st_mode, int(st.st_mtime)
-        if stat.S_ISLNK(mode):
-            entries.append([name, "l", 0, 0, os.readlink(path), mtime])
-        elif stat.S_ISDIR(mode):
-            entries.append([name, "d", (mode & dir_mask) | 0o700, 0, "", mtime])
-        elif stat.S_ISREG(mode):
+    sources, sizes, mtimes = tree.sources, tree.sizes, tree.mtimes
+    lstat, get, S_IFMT, S_IFREG, S_IFDIR = (
+        os.lstat,
+        cache.get,
+        stat.S_IFMT,
+        stat.S_IFREG,
+        stat.S_IFDIR,
+    )
+    fresh = {}
+    for name, path in pairs:  # (a loop run for every file: kept to what each one needs)
+        st = lstat(path)
+        mode = st.st_mode
+        kind = S_IFMT(mode)
+        if kind == S_IFREG:
             path = str(path)
-            stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
-            known = cache.get(path)
-            entry = [name, "f", (mode & file_mask) | 0o400, st.st_size, "", mtime]
-            if known and known[:3] == stamp:
-                entry[4] = known[3]
+            size, mtime_ns, ino = st.st_size, st.st_mtime_ns, st.st_ino
+            entry = [name, "f", (mode & file_mask) | 0o400, size, "", int(st.st_mtime)]
+            entries.append(entry)
+            known = get(path)
+            if known and known[0] == size and known[1] == mtime_ns and known[2] == ino:
+                sha = entry[4] = known[3]
+                hits += 1
             elif (
                 (said := trusted and trusted.get(path))
-                and said[0] == st.st_size
-                and (st.st_mtime_ns <= said[2])
+                and said[0] == size
+                and (mtime_ns <= said[2])
             ):
-                entry[4] = said[1]
+                sha = entry[4] = said[1]
             else:
-                unknown.append((entry, path))
-                if st.st_ctime_ns < settled and st.st_mtime_ns < settled:
+                unknown.append((entry, path, [size, mtime_ns, ino]))
+                if st.st_ctime_ns < settled and mtime_ns < settled:
                     stamps[path] = _stamp(st)
-            entries.append(entry)
-            files.append((entry, path, stamp))
+                continue
+            fresh[path] = [size, mtime_ns, ino, sha]
+            key = f"{sha}.{entry[2]:o}"  # treestore.object_key
+            if key not in sources:
+                sources[key], mtimes[key] = path, entry[5]
+            sizes[key] = size
+        elif kind == S_IFDIR:
+            entries.append([name, "d", (mode & dir_mask) | 0o700, 0, "", int(st.st_mtime)])
+        elif kind == stat.S_IFLNK:
+            entries.append([name, "l", 0, 0, os.readlink(path), int(st.st_mtime)])
     if unknown:  # hashlib lets go of the GIL: one thread per core, each with its share
         from concurrent.futures import ThreadPoolExecutor
 
         n = min(os.cpu_count() or 1, len(unknown))
         with ThreadPoolExecutor(n) as pool:
             for i, shas in enumerate(pool.map(_hash_all, [unknown[i::n] for i in range(n)])):
-                for (entry, _), sha in zip(unknown[i::n], shas):
+                for (entry, _, _), sha in zip(unknown[i::n], shas):
                     entry[4] = sha
-    for entry, path, stamp in files:
-        fresh[path] = [*stamp, entry[4]]
-        key = treestore.object_key(entry)
-        tree.sources.setdefault(key, path)
-        tree.sizes[key] = entry[3]
-        tree.mtimes.setdefault(key, entry[5])
-        if path in stamps and tree.sources[key] == path:
-            tree.read[key] = (path, stamps[path])
-    if fresh != cache:
+        for entry, path, stamp in unknown:  # (in the scan's order: the first path of a
+            fresh[path] = [*stamp, entry[4]]  # content is its source, as above)
+            key = treestore.object_key(entry)
+            if key not in sources:
+                sources[key], mtimes[key] = path, entry[5]
+            sizes[key] = entry[3]
+    tree.read = {key: (path, stamps[path]) for key, path in sources.items() if path in stamps}
+    if unknown or hits != len(cache):
         write_json(cache_path, fresh, compact=True)
     tree.entries, tree.id = entries, treestore.tree_id(entries)
     return tree
 
 
 def _hash_all(files: list) -> list[str]:
-    return [sha256_file(path) for _, path in files]
+    return [sha256_file(path) for _, path, _ in files]
 
 
 def record_hashes(site: str) -> dict[str, tuple[int, str, int]]:
@@ -506,14 +522,15 @@ def ship(
                 raise made["error"]
             tree = made["tree"]
             known[tree.id] = tree.entries
-            # kept for the next sync's delta while the nodes work (a failed sync's is harmless)
-            keeper = threading.Thread(target=remember, args=(tree,), daemon=True)
-            keeper.start()
         live[name] = (s, hello)
         base = tree.id if tree.id in hello["have"] else None
         base = base or next((t for t in hello["have"] if recall(t) is not None), None)
         s.frame(b"M", manifest(base))
         s.flush()
+    if tree is not None:  # kept for the next sync's delta while the nodes work (after the
+        # manifests went: it takes a while for a big tree; a failed sync's is harmless)
+        keeper = threading.Thread(target=remember, args=(tree,), daemon=True)
+        keeper.start()
     asked = {}
     for name, (s, _) in live.items():
         said = s.answer(MANIFEST_S, "checking the manifest")

@@ -445,6 +445,26 @@ def data_current(root: str, name: str) -> str | None:
     return target.rsplit(".", 1)[-1] if target.startswith(f".{name}.") else None
 
 
+def data_versions(root: str, name: str | None) -> list[str]:
+    """The tree ids of the versions of data set ``name`` (of every data set: None) under
+    ``root``, the current ones first, then the newest."""
+    folder, found = data_dir(root), []
+    try:
+        listing = os.listdir(folder)
+    except OSError:
+        return []
+    current = set()
+    for entry in listing:
+        if not entry.startswith(".") and (name is None or entry == name):
+            current.add(data_current(root, entry))
+    for entry in listing:
+        set_name, _, tid = entry[1:].rpartition(".")
+        if (entry.startswith(".") and set_name and (name is None or set_name == name)
+                and ".part-" not in entry):  # fmt: skip
+            found.append((tid in current, os.lstat(os.path.join(folder, entry)).st_mtime, tid))
+    return [tid for _, _, tid in sorted(found, reverse=True)]
+
+
 def data_sets(root: str) -> list[dict]:
     """Every data set under ``root``: name, tree, path, files, bytes, time."""
     folder = data_dir(root)
@@ -482,10 +502,13 @@ def switch_data(store: Store, name: str, tid: str, entries: list, prune: bool = 
         spare = _spare_version(store, name, tid)
         if spare is not None:
             path, old = spare
-            kept = {object_key(e) for e in entries if e[1] == "f"}
-            freed = {object_key(e) for e in old if e[1] == "f"} - kept
+            change = delta(old, entries)
+            was = {e[0]: e for e in old}
+            for gone in (*change["del"], *(e[0] for e in change["set"])):
+                if was.get(gone, "  ")[1] == "f":  # its object may have lost its last link
+                    freed.add(object_key(was[gone]))
             try:
-                store.evolve_tree(path, old, delta(old, entries), versioned, PRIVATE, {})
+                store.evolve_tree(path, old, change, versioned, PRIVATE, {})
             except (OSError, StoreError):  # not as its manifest says: it is gone; link anew
                 spare = None
         if spare is None:
@@ -506,18 +529,12 @@ def switch_data(store: Store, name: str, tid: str, entries: list, prune: bool = 
 def _spare_version(store: Store, name: str, tid: str) -> tuple[str, list] | None:
     """A version of data set ``name`` that switching to ``tid`` would remove (the newest of
     them), with its entries: never the current one, which stays as the one before."""
-    folder, current = data_dir(store.root), data_current(store.root, name)
-    found = []
-    for entry in os.listdir(folder):
-        other = entry[len(name) + 2 :]
-        if (entry.startswith(f".{name}.") and not entry.startswith(f".{name}.new-")
-                and ".part-" not in other and other not in (current, tid)):  # fmt: skip
-            found.append((os.lstat(os.path.join(folder, entry)).st_mtime, other))
-    found.sort(reverse=True)
-    for _, other in found[max(DATA_KEEP - 2, 0) :]:
+    current = data_current(store.root, name)
+    others = [t for t in data_versions(store.root, name) if t not in (current, tid)]
+    for other in others[max(DATA_KEEP - 2, 0) :]:
         entries = store.manifest(other)
         if entries is not None:
-            return os.path.join(folder, f".{name}.{other}"), entries
+            return os.path.join(data_dir(store.root), f".{name}.{other}"), entries
     return None
 
 

@@ -311,6 +311,28 @@ def test_a_data_set_version_is_made_from_the_one_it_replaces_by_its_change(here,
     same(v4)  # and v4 linked anew
 
 
+def test_a_data_set_is_sent_as_its_change_from_its_own_version_among_other_trees(here, tmp_path):
+    root, local = tmp_path / "cells", tmp_path / "local"
+    (root / "a").mkdir(parents=True)
+    for i in range(200):
+        (root / "a" / f"{i:03}.bin").write_bytes(os.urandom(200))
+    assert ship_it(here, root, name="cells", kind="data")["status"] == "shipped"
+    for i in range(2):  # environments, shipped since: trees the node and we both have
+        assert ship_it(here, folder(tmp_path, f"v{i}"), name=f"{i}" * 16)["status"] == "shipped"
+    tidied(local)
+    mine = envstore.data_current(str(local), "cells")
+    proc = subprocess.run(
+        envstore.command(sys.executable, "put", str(local), "data", "cells"),
+        input=envstore.program(), capture_output=True, timeout=60,
+    )  # fmt: skip
+    hello = json.loads(proc.stdout.splitlines()[0])
+    assert hello["have"][0] == mine and len(hello["have"]) > 1  # its own first
+    (root / "a" / "000.bin").write_bytes(os.urandom(200))
+    row = ship_it(here, root, name="cells", kind="data")
+    assert row["status"] == "shipped" and row["files"] == 1
+    assert row["wire"] < 1500  # the file and a one-entry change, not 200 entries
+
+
 def test_a_node_without_room_says_so_with_the_numbers(here, tmp_path):
     local = tmp_path / "local"
     local.mkdir(mode=0o700)
