@@ -128,7 +128,7 @@ class Store:
 
         fd = os.open(os.path.join(self.store, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
                      0o600)  # fmt: skip
-        deadline = time.monotonic() + STORE_LOCK_WAIT_S
+        deadline, pause = time.monotonic() + STORE_LOCK_WAIT_S, 0.002
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -139,7 +139,8 @@ class Store:
                     raise StoreError(
                         f"another sync held {self.store} for {STORE_LOCK_WAIT_S:g} s; try again"
                     ) from None
-                time.sleep(0.2)
+                time.sleep(pause)  # (the last sync's tidying, most often: a few ms)
+                pause = min(pause * 2, 0.2)
         self._lock = fd
         for name in os.listdir(self.tmp):  # what an interrupted sync left: we hold the lock
             try:
