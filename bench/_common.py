@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -105,3 +106,34 @@ def quietly(stop, way: str, notes: list[str]) -> None:
         stop()
     except Exception as e:  # noqa: BLE001 - noted
         notes.append(f"{way}: stopping failed: {type(e).__name__}: {str(e)[:200]}")
+
+
+MAX_NODES = 8  # the testbed's node addresses are 10.77.0.11 to .18 (tests/infra/up)
+
+
+def testbed_nodes() -> int:
+    """How many nodes the testbed that is up has (its hosts file names node1..nodeN)."""
+    path = os.path.join(os.environ.get("LOUNGE_TESTBED", "/tmp/lounge-testbed"), "net", "hosts")
+    try:
+        with open(path) as f:
+            return sum(1 for line in f if line.split()[1:2] and line.split()[1].startswith("node"))
+    except OSError:
+        return 0
+
+
+def node_counts(text: str) -> list[int]:
+    """``--nodes 1,2,4,8``: the node counts to run, each checked against the testbed's; or
+    ValueError with the sentence to print."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--nodes {text!r}: give node counts such as 3 or 1,2,4,8") from None
+    have = testbed_nodes()
+    if not counts or any(not 1 <= c <= MAX_NODES for c in counts):
+        raise ValueError(f"--nodes {text!r}: each count must be 1 to {MAX_NODES}")
+    if max(counts) > have:
+        raise ValueError(
+            f"--nodes {text!r}: the testbed has {have} nodes; bring up {max(counts)} with "
+            f"`tests/infra/reup {max(counts)} 8 > .testbed.env` (and `tests/infra/reup 3 8` after)"
+        )
+    return counts

@@ -32,8 +32,14 @@ jobs left in squeue (found by a unique job name), waits for them to leave, and k
 processes: its own descendants and any process whose ``SLURM_JOB_ID`` is one of those jobs. A
 way that fails or takes over 300 s is recorded as None with a note. Nothing is asserted.
 
-    python bench/slurm_launch.py [--ways ours,ipyparallel] [--nodes 3] [--engines-per-node 8]
-                                 [--json out.json]
+``--nodes`` takes a list, e.g. ``--nodes 1,2,4,8 --engines-per-node 2``: every way at each
+count, to show how launch time grows with nodes (ours: one allocation, one srun step). The
+testbed's nodes all share this machine's cores, so past a few nodes a run measures the overhead
+of more slurmd and agents, not more machines. More than 3 nodes needs a bigger testbed:
+``tests/infra/reup 8 8 > .testbed.env``.
+
+    python bench/slurm_launch.py [--ways ours,ipyparallel] [--nodes 3|1,2,4,8]
+                                 [--engines-per-node 8] [--json out.json]
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from _common import (
     TIMEOUT,
     hosts,
     markdown_table,
+    node_counts,
     quietly,
     run_everywhere,
     time_ours,
@@ -203,7 +210,8 @@ def clean_up(way: str, jobs: set[str], before: set[int], notes: list[str]) -> No
 def measure(way: str, nodes: int, per_node: int, tmp: str, notes: list[str]) -> dict:
     if left := wait_until_gone(None, 120):
         notes.append(f"{way}: squeue not empty after 120 s, measured anyway: {left}")
-    rec = {"way": way, "n": nodes * per_node, "seconds": None, "jobs": 0, "steps": 0}
+    rec = {"way": way, "n": nodes * per_node, "nodes": nodes, "seconds": None, "jobs": 0,
+           "steps": 0}  # fmt: skip
     mark = f"bench-{secrets.token_hex(3)}-{way}"  # in the job name(s) of this way
     before = {p.pid for p in psutil.process_iter()}
     print(f"{way} ({nodes} nodes x {per_node}) ...", file=sys.stderr, flush=True)
@@ -227,13 +235,18 @@ def measure(way: str, nodes: int, per_node: int, tmp: str, notes: list[str]) -> 
 
 
 def table(records: list[dict]) -> str:
-    """Aligned plain text that is also a markdown table: one row per way."""
-    ours = next((r["seconds"] for r in records if r["way"] == "ours"), None)
-    head = ["way", "N", "seconds", "Slurm jobs", "srun steps", "time way/ours"]
+    """Aligned plain text that is also a markdown table: one row per way and node count
+    (time way/ours: against ours on as many nodes)."""
+    head = ["way", "N", "nodes", "seconds", "Slurm jobs", "srun steps", "time way/ours"]
     rows = []
     for r in records:
+        ours = next(
+            (o["seconds"] for o in records if o["way"] == "ours" and o["nodes"] == r["nodes"]),
+            None,
+        )
         secs, ratio = r["seconds"], (r["seconds"] / ours if r["seconds"] and ours else None)
-        rows.append([r["way"], str(r["n"]), "-" if secs is None else f"{secs:.1f}"])
+        rows.append([r["way"], str(r["n"]), str(r["nodes"])])
+        rows[-1].append("-" if secs is None else f"{secs:.1f}")
         rows[-1] += [str(r["jobs"]), str(r["steps"]), "-" if ratio is None else f"{ratio:.2f}"]
     return markdown_table(head, rows)
 
@@ -243,7 +256,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--ways", default=",".join(WAYS), help="comma-separated subset of " + ", ".join(WAYS)
     )
-    ap.add_argument("--nodes", type=int, default=3, help="Slurm nodes to spread over (3)")
+    ap.add_argument(
+        "--nodes", default="3", help="Slurm nodes to spread over (3), or a list: 1,2,4,8"
+    )
     ap.add_argument("--engines-per-node", type=int, default=8, help="engines per node (8)")
     ap.add_argument("--json", metavar="FILE", help="also write the records as JSON")
     args = ap.parse_args(argv)
@@ -252,6 +267,10 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"unknown way(s): {', '.join(sorted(unknown))}")
     if not os.environ.get("SLURM_CONF") or not shutil.which("squeue"):
         ap.error("no Slurm here: export SLURM_CONF=/tmp/lounge-testbed/slurm/slurm.conf")
+    try:
+        counts = node_counts(args.nodes)
+    except ValueError as e:
+        ap.error(str(e))
     out = os.path.abspath(args.json) if args.json else None
 
     tmp = tempfile.mkdtemp(prefix="lounge-slurm-bench-", dir="/tmp")  # shared with the nodes
@@ -264,7 +283,10 @@ def main(argv: list[str] | None = None) -> None:
     notes: list[str] = []
     try:
         records = [
-            measure(w, args.nodes, args.engines_per_node, tmp, notes) for w in WAYS if w in asked
+            measure(w, nodes, args.engines_per_node, tmp, notes)
+            for nodes in counts
+            for w in WAYS
+            if w in asked
         ]
     finally:
         os.chdir(cwd)

@@ -1,7 +1,7 @@
 """SSH launch benchmark: seconds until N engines on the lounge's nodes have each run a TF op.
 
-On the testbed's SSH nodes (``set -a; . ./.testbed.env; set +a``: node1..node3 are 10.77.0.11
-to .13, sshd as root, keys in LOUNGE_TESTBED_KEY / LOUNGE_TESTBED_KNOWN_HOSTS /
+On the testbed's SSH nodes (``set -a; . ./.testbed.env; set +a``: node1..nodeM are 10.77.0.11
+to .1M, sshd as root, keys in LOUNGE_TESTBED_KEY / LOUNGE_TESTBED_KNOWN_HOSTS /
 LOUNGE_TESTBED_SSH_CONFIG), with NODES nodes and PER_NODE engines each (default 3 x 4 = 12),
 every way is timed from just before it creates its cluster until all N engines are registered
 AND every one of them has imported TensorFlow and run ``float(tf.reduce_sum(tf.ones((8, 8))))``
@@ -53,8 +53,14 @@ recorded as None with a note. ``--keep`` keeps the temporary folder (inventories
 ssh_configs, the ways' logs) and prints where it is.
 Nothing is asserted.
 
-    python bench/ssh_launch.py [--ways ours,ipyparallel] [--nodes 3] [--engines-per-node 4]
-                               [--json out.json] [--keep]
+``--nodes`` takes a list, e.g. ``--nodes 1,2,4,8 --engines-per-node 2``: every way at each
+count, to show how launch time grows with nodes (one SSH session per node for ours and Dask,
+several per engine for stock ipyparallel). The testbed's nodes all share this machine's cores,
+so past a few nodes a run measures the overhead of more sessions and agents, not more
+machines. More than 3 nodes needs a bigger testbed: ``tests/infra/reup 8 8 > .testbed.env``.
+
+    python bench/ssh_launch.py [--ways ours,ipyparallel] [--nodes 3|1,2,4,8]
+                               [--engines-per-node 4] [--json out.json] [--keep]
 """
 
 from __future__ import annotations
@@ -74,9 +80,11 @@ from collections import Counter
 
 import psutil
 from _common import (
+    MAX_NODES,
     TIMEOUT,
     hosts,
     markdown_table,
+    node_counts,
     quietly,
     run_everywhere,
     time_ours,
@@ -84,7 +92,7 @@ from _common import (
 )
 
 CONTROLLER_IP = "10.77.0.1"  # the address of this host that the testbed nodes reach
-NODE_IPS = ("10.77.0.11", "10.77.0.12", "10.77.0.13")  # node1..node3 of the testbed
+NODE_IPS = tuple(f"10.77.0.1{i}" for i in range(1, MAX_NODES + 1))  # node1.. of the testbed
 DASK_SCHEDULER_HOST = NODE_IPS[0]  # SSHCluster starts it over SSH; this host runs no sshd
 WAYS = ("ours", "ours-dask", "ipyparallel", "dask")
 GRACE = 10.0  # seconds a way's processes on the nodes may take to end after its stop returned
@@ -350,11 +358,15 @@ def measure(way: str, nodes: int, per_node: int, tmp: str, notes: list[str]) -> 
 
 
 def table(records: list[dict]) -> str:
-    """Aligned plain text that is also a markdown table: one row per way."""
-    ours = next((r["seconds"] for r in records if r["way"] == "ours"), None)
+    """Aligned plain text that is also a markdown table: one row per way and node count
+    (time way/ours: against ours on as many nodes)."""
     head = ["way", "N", "nodes", "seconds", "time way/ours"]
     rows = []
     for r in records:
+        ours = next(
+            (o["seconds"] for o in records if o["way"] == "ours" and o["nodes"] == r["nodes"]),
+            None,
+        )
         secs, ratio = r["seconds"], (r["seconds"] / ours if r["seconds"] and ours else None)
         rows.append([r["way"], str(r["n"]), str(r["nodes"])])
         rows[-1].append("-" if secs is None else f"{secs:.1f}")
@@ -367,7 +379,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--ways", default=",".join(WAYS), help="comma-separated subset of " + ", ".join(WAYS)
     )
-    ap.add_argument("--nodes", type=int, default=3, help="testbed nodes to spread over (3)")
+    ap.add_argument(
+        "--nodes", default="3", help="testbed nodes to spread over (3), or a list: 1,2,4,8"
+    )
     ap.add_argument("--engines-per-node", type=int, default=4, help="engines per node (4)")
     ap.add_argument("--json", metavar="FILE", help="also write the records as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs)")
@@ -375,10 +389,12 @@ def main(argv: list[str] | None = None) -> None:
     asked = {w.strip() for w in args.ways.split(",") if w.strip()}
     if unknown := asked - set(WAYS):
         ap.error(f"unknown way(s): {', '.join(sorted(unknown))}")
-    if not 1 <= args.nodes <= len(NODE_IPS):
-        ap.error(f"--nodes must be 1 to {len(NODE_IPS)}")
     if missing := [v for v in TESTBED_ENV if not os.environ.get(v)]:
         ap.error(f"no SSH testbed here ({', '.join(missing)} unset): set -a; . ./.testbed.env")
+    try:
+        counts = node_counts(args.nodes)
+    except ValueError as e:
+        ap.error(str(e))
     out = os.path.abspath(args.json) if args.json else None
 
     tmp = tempfile.mkdtemp(prefix="lounge-ssh-bench-", dir="/tmp")  # the nodes see /tmp too
@@ -389,7 +405,10 @@ def main(argv: list[str] | None = None) -> None:
     notes: list[str] = []
     try:
         records = [
-            measure(w, args.nodes, args.engines_per_node, tmp, notes) for w in WAYS if w in asked
+            measure(w, nodes, args.engines_per_node, tmp, notes)
+            for nodes in counts
+            for w in WAYS
+            if w in asked
         ]
     finally:
         if args.keep:
