@@ -66,6 +66,9 @@ def tidied(local: Path) -> None:
 
 
 def leftovers(local: Path) -> list[str]:
+    """Temporary files and folders left, once the node's tidying is done (its own temporary
+    file for the manifest it saves is not one)."""
+    tidied(local)
     found = [p.name for p in (local / "store" / "tmp").iterdir()]
     for sub in ("envs", "data"):
         if (local / sub).exists():
@@ -331,6 +334,54 @@ def test_a_data_set_is_sent_as_its_change_from_its_own_version_among_other_trees
     row = ship_it(here, root, name="cells", kind="data")
     assert row["status"] == "shipped" and row["files"] == 1
     assert row["wire"] < 1500  # the file and a one-entry change, not 200 entries
+
+
+def test_the_node_runs_the_compiled_program_only_on_the_python_that_compiled_it(tmp_path):
+    """The program travels compiled and as source: the compiled code runs on the very Python
+    version that made it, the source is compiled on any other."""
+    import marshal
+
+    src = envstore.source()
+    code = marshal.dumps(compile(src, envstore.PROGRAM_NAME, "exec"))
+    mine = f"{sys.implementation.cache_tag} {sys.hexversion:x}"
+    broken = b"raise SystemExit('the wrong half ran')\n"
+    bad = marshal.dumps(compile(broken, "x", "exec"))
+
+    def run(payload: bytes) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-I", "-S", "-c", envstore.BOOT, str(len(payload))]
+        return subprocess.run(
+            [*argv, "data-list", str(tmp_path)], input=payload, capture_output=True, timeout=60
+        )
+
+    for payload in (
+        envstore.pack_program(broken, mine, code),  # this Python: the code, not the source
+        envstore.pack_program(src, "cpython-27 20712f0", bad),  # another: the source
+        envstore.program(),
+    ):
+        proc = run(payload)
+        assert proc.returncode == 0 and json.loads(proc.stdout) == [], proc.stderr
+    wrong = run(envstore.pack_program(src, mine, bad))
+    assert b"the wrong half ran" in wrong.stderr  # the tag decides, as the first case shows
+
+
+def test_the_files_of_the_node_program_define_no_name_twice():
+    """They run as one program (envstore.source): a name defined in two of them would be the
+    later one's everywhere, silently."""
+    import ast
+
+    where: dict[str, str] = {}
+    for name in ("trust.py", "treestore.py", "envstore.py"):
+        tree = ast.parse((Path(envstore.__file__).parent / name).read_text())
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id for t in targets if isinstance(t, ast.Name)]
+            else:
+                continue
+            for n in names:
+                assert where.setdefault(n, name) == name, f"{n} is in {where[n]} and {name}"
 
 
 def test_a_node_without_room_says_so_with_the_numbers(here, tmp_path):
