@@ -3,7 +3,8 @@ CPU and one round trip to all engines, for both engine kinds (issue 17, part 3).
 
 The controller is real and started as a cluster starts it: the command of the engine kind's
 ``controller_command`` (ipyparallel: ``ipyparallel.controller`` with CurveZMQ, a signed
-session key in its profile, ``--ip=127.0.0.1``, a 150 ms heartbeat; Dask: our
+session key in its profile, ``--ip=127.0.0.1``, the heartbeat a cluster of that size has
+(``cluster.heartbeat_for``: 150 ms up to 256 engines, then longer); Dask: our
 ``dask_scheduler`` with mutual TLS from its own CA), through ``procs.spawn``. A real stock
 client of each kind measures what it sees. The engines are simulated, many per process
 (``--per-process``, default 512) on one event loop, each with its own sockets and identity:
@@ -604,9 +605,12 @@ class Run:
 def measure(kind: str, n: int, args) -> dict:
     rec: dict = {"kind": kind, "engines": 0, "requested": n, "register_per_s": None}
     rec.update(steady_cpu_percent=None, roundtrip_s=None)
+    from jupyter_lounge.cluster import heartbeat_for
+
+    heartbeat = heartbeat_for(n) if args.heartbeat_ms == "auto" else int(args.heartbeat_ms)
     if kind == "ipyparallel":
-        rec["heartbeat_ms"] = args.heartbeat_ms
-    run = Run(kind, n, args.per_process, args.heartbeat_ms)
+        rec["heartbeat_ms"] = heartbeat
+    run = Run(kind, n, args.per_process, heartbeat)
     try:
         run.start()
         rec.update(run.register(args.timeout))
@@ -643,7 +647,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes", default="256,1024,4096")
     ap.add_argument("--kinds", default="ipyparallel,dask")
     ap.add_argument("--per-process", type=int, default=512, help="engines per simulator")
-    ap.add_argument("--heartbeat-ms", type=int, default=150, help="ipyparallel's period")
+    ap.add_argument(
+        "--heartbeat-ms",
+        default="auto",
+        help="ipyparallel's period: auto (a cluster's of that size: 150 ms up to 256 engines, "
+        "then longer) or a number of ms",
+    )
     ap.add_argument("--cpu-seconds", type=float, default=10.0)
     ap.add_argument("--settle", type=float, default=3.0, help="seconds before the CPU sample")
     ap.add_argument("--repeat", type=int, default=3, help="round trips (the median is kept)")
@@ -681,7 +690,8 @@ def main(argv: list[str] | None = None) -> None:
     print(markdown_table(head, rows))
     print(
         f"\nThis machine has {os.cpu_count()} cores, shared by the simulators and the controller; "
-        f"file descriptors: {fds} per process; ipyparallel heartbeat {args.heartbeat_ms} ms."
+        f"file descriptors: {fds} per process; ipyparallel heartbeat {args.heartbeat_ms} ms "
+        "(auto: as a cluster of that size has it, cluster.heartbeat_for)."
     )
     for r in records:
         if r.get("limit") or r.get("left_over"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import math
 import os
 import time
 import uuid
@@ -33,6 +34,21 @@ def current() -> Cluster:
     return _current
 
 
+#: The controller's heartbeat pings per second it is sized for: 256 engines at 150 ms. An
+#: engine's death is told by its node (the nanny, or its closed connection), a lost node by
+#: its SSH session, report or Slurm job (see mapping's look): the heartbeat is a last resort
+#: and must not load the controller as engines are added (1,024 at 150 ms: 31% of a core).
+HEARTBEAT_PINGS_PER_S = 256 / 0.150
+HEARTBEAT_MIN_MS = 150
+
+
+def heartbeat_for(engines: int) -> int:
+    """The ipyparallel controller's heartbeat period (ms) for a cluster of ``engines``:
+    150 ms up to 256 engines, then as long as keeps about 1,700 pings a second (1,024: 600 ms,
+    4,096: 2.4 s). The hub counts a new engine at its next beat, so short is quick to start."""
+    return max(HEARTBEAT_MIN_MS, math.ceil(1000 * engines / HEARTBEAT_PINGS_PER_S))
+
+
 class Cluster:
     def __init__(
         self,
@@ -48,7 +64,7 @@ class Cluster:
         restart: bool = True,
         gpus: list[str] | None = None,
         engines_per_gpu: int = 1,
-        heartbeat_ms: int = 150,
+        heartbeat_ms: int | None = None,
         tls: bool = True,
         dashboard: bool = False,
         courtesy: dict | bool | None = None,
@@ -79,7 +95,7 @@ class Cluster:
             None if gpus is None else [str(g) for g in gpus]
         )  # None: each node finds its own
         self.engines_per_gpu = engines_per_gpu
-        self.heartbeat_ms = heartbeat_ms
+        self.heartbeat_ms = int(heartbeat_ms or heartbeat_for(self.n))
         self.tls = bool(tls)
         if not self.tls and self.backend.name != "local":
             raise LoungeError(

@@ -40,6 +40,8 @@ FIRST_BATCH = 1  # items in a batch before any item was timed
 MAX_BATCH = 20_000  # items in one batch, however tiny they are
 IN_FLIGHT = 2  # batches per engine at once: one running, one on its way
 LOOK_EVERY_S = 0.5  # how often the driver asks which engines are registered
+NODES_EVERY_S = 2.0  # how often it reads the agents' states (on Slurm: one squeue)
+GONE = ("lost", "failed", "stopped", "controller-lost")  # a node's states with no engine
 SHAKY_S = 3.0  # a node that just lost a batch gets none for this long, if others can take it
 SHARE_WAIT_S = 30.0  # how long an engine waits for the copy of the function its sibling got
 
@@ -97,6 +99,8 @@ class _Driver:
         self.engines: dict = {}  # engine -> its node
         self.looked = 0.0  # when the engines were last asked for
         self.checked = 0.0  # when the agents' reports were last read (no engine to send to)
+        self.gone: dict[str, str] = {}  # node -> why it is gone (its agent's state), read
+        self.gone_read = 0.0  # every NODES_EVERY_S: when
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, bar) -> None:
@@ -152,9 +156,18 @@ class _Driver:
         if now - self.looked < LOOK_EVERY_S and self.engines:
             return
         self.looked = now
+        if now - self.gone_read >= NODES_EVERY_S:
+            # A node that is lost (its SSH session ended, it stopped reporting, its Slurm job
+            # ended) takes its engines with it, whether or not the controller has noticed:
+            # its heartbeat is slow on purpose (cluster.heartbeat_for), a Dask comm to a
+            # powered-off PC stays open until TCP gives up.
+            self.gone_read = now
+            self.gone = _gone_nodes(self.cluster)
         found = self.kind.engines(self.client)
+        found = {e: node for e, node in found.items() if node not in self.gone}
         if found and set(found) <= self.dead:  # every engine registered now lost a batch:
             self.dead -= set(found)  # they are alive (a dead one leaves), so try them again
+        before = self.engines
         self.engines = {
             e: node
             for e, node in found.items()
@@ -168,7 +181,13 @@ class _Driver:
             if engine not in here and not future.done():
                 del self.flying[future]
                 future.cancel()
-                self._lost(indices, f"its engine ({engine}) left the cluster", engine)
+                node = before.get(engine)
+                why = (
+                    f"its node ({node}) was lost: {self.gone[node]}"
+                    if node in self.gone
+                    else f"its engine ({engine}) left the cluster"
+                )
+                self._lost(indices, why, engine)
 
     def _fill(self) -> None:
         """Give each engine batches until it has ``IN_FLIGHT`` (one until its first is back:
@@ -421,6 +440,16 @@ def pool_nodes(cluster, pool: str) -> list[str]:
     return here
 
 
+def _gone_nodes(cluster) -> dict[str, str]:
+    """The cluster's nodes whose agent is gone, and why (its status, as ``lounge status``
+    shows it)."""
+    return {
+        r["node"]: str(r["error"] or r["status"])
+        for r in cluster.nodes_status()
+        if r["status"] in GONE
+    }
+
+
 def _all_engines_gone(cluster, nodes: set | None = None) -> str | None:
     """Why no engine of the cluster (on ``nodes``, a pool's) can ever run an item again, or
     None while one can."""
@@ -429,6 +458,6 @@ def _all_engines_gone(cluster, nodes: set | None = None) -> str | None:
         rows = [r for r in rows if r["node"] in nodes]
         if not rows:
             return f"no node of its pool ({', '.join(sorted(nodes))}) is in the cluster now"
-    if rows and all(r["status"] in ("lost", "failed", "stopped", "controller-lost") for r in rows):
+    if rows and all(r["status"] in GONE for r in rows):
         return "; ".join(dict.fromkeys(str(r["error"] or r["status"]) for r in rows))
     return None

@@ -20,7 +20,9 @@ KINDS = ["ipyparallel", "dask"]
 
 @pytest.fixture(params=KINDS)
 def cluster(request, lounge_dir):
-    cluster = Lounge(4, engines=request.param, wait=True).start_sync()
+    slow = request.node.get_closest_marker("heartbeat_ms")
+    heartbeat = slow.args[0] if slow else None
+    cluster = Lounge(4, engines=request.param, wait=True, heartbeat_ms=heartbeat).start_sync()
     yield cluster
     cluster.stop_sync()
 
@@ -115,6 +117,7 @@ def test_the_image_keeps_large_buffers_out_of_band_and_loads_them_in_place(tmp_p
         assert tasks.unframe(f.read())[1].tobytes() == parts[1].tobytes()
 
 
+@pytest.mark.heartbeat_ms(5000)  # the controller's would notice after 100 s: the nanny tells it
 def test_an_engine_killed_mid_batch_loses_no_item_and_doubles_none(cluster):
     def slow(v):
         import time
@@ -140,7 +143,7 @@ def test_an_engine_killed_mid_batch_loses_no_item_and_doubles_none(cluster):
         os.kill(victim, signal.SIGKILL)
 
     threading.Thread(target=kill_once_it_ran_some, daemon=True).start()
-    df = cluster.map(slow, range(400), name="victim", progress=False, timeout=120)
+    df = cluster.map(slow, range(400), name="victim", progress=False, timeout=60)
     assert df.error.isna().all(), df.error.dropna().tolist()
     assert [r[0] for r in df.result] == list(range(400))  # each once, in order
     pids = {r[1] for r in df.result}
@@ -200,7 +203,8 @@ class InProcess:
         return future.result()
 
 
-def drive(kind, items, retries=1):
+def drive(kind, items, retries=1, status=None):
+    """The table of a map over ``kind``'s engines; ``status()`` gives the nodes' rows."""
     from jupyter_lounge import tasks
 
     tasks._functions.clear()  # each fake engine is this process: start without the function
@@ -209,7 +213,7 @@ def drive(kind, items, retries=1):
         client = None
 
         def nodes_status(self):
-            return [{"status": "running", "error": None}]
+            return status() if status else [{"status": "running", "error": None}]
 
     Cluster.kind = kind
     driver = _Driver(Cluster(), lambda v: v * 10, items, retries=retries, timeout=30)
@@ -226,6 +230,37 @@ def test_a_lost_batch_runs_again_elsewhere_and_keeps_its_rows():
     kind = InProcess(doomed=1, fail=1)
     df = drive(kind, list(range(50)))
     assert list(df.result) == [v * 10 for v in range(50)] and df.error.isna().all()
+
+
+def test_the_batches_of_a_lost_node_run_elsewhere_though_the_controller_still_has_it(
+    monkeypatch,
+):
+    """A powered-off PC: its engine's batch never comes back and the controller (its
+    heartbeat slow on purpose) still lists the engine; the node's agent is lost."""
+    from concurrent.futures import Future
+
+    from jupyter_lounge import mapping
+
+    monkeypatch.setattr(mapping, "NODES_EVERY_S", 0.1)
+
+    class PoweredOff(InProcess):
+        def submit_to(self, client, engine, fn, *args):
+            if engine == 1:
+                self.sent.append((engine, args[2] is not None))
+                return Future()  # never done
+            return super().submit_to(client, engine, fn, *args)
+
+    kind = PoweredOff(engines=[0, 1, 2])
+
+    def status():
+        cut = any(engine == 1 for engine, _ in kind.sent)
+        why = "the SSH session to 10.77.0.12 ended" if cut else None
+        return [{"node": "node1", "status": "lost" if cut else "running", "error": why}]
+
+    df = drive(kind, list(range(40)), status=status)
+    assert list(df.result) == [v * 10 for v in range(40)] and df.error.isna().all()
+    assert 1 not in set(df.engine) and sum(1 for e, _ in kind.sent if e == 1) == 1
+    assert [kind.engines(None)] == [{0: "node0", 1: "node1", 2: "node2"}]  # still listed
 
 
 def test_an_item_lost_more_often_than_retries_says_so_in_its_row():

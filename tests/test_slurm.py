@@ -196,7 +196,10 @@ def test_scancel_from_outside_mid_map_reports_lost_items(lounge_dir):
 
 @pytest.mark.parametrize("kind", ["ipyparallel", "dask"])
 def test_node_power_cut_mid_map_loses_no_item(kind, lounge_dir):
-    cluster = Lounge(6, engines=kind, backend="slurm", engines_per_node=2, wait=True).start_sync()
+    # the controller's heartbeat would notice the node after 100 s: its silence does it
+    cluster = Lounge(
+        6, engines=kind, backend="slurm", engines_per_node=2, wait=True, heartbeat_ms=5000
+    ).start_sync()
     victim = None
     try:
 
@@ -210,11 +213,18 @@ def test_node_power_cut_mid_map_loses_no_item(kind, lounge_dir):
         victim = cluster.nodes_status()[1]["node"]  # e.g. node2
         index = victim.removeprefix("node")
         threading.Timer(1.5, subprocess.run, ([str(INFRA / "kill-node"), index],)).start()
-        df = cluster.map(slow, range(30), progress=False, timeout=120)
+        df = cluster.map(slow, range(30), progress=False, timeout=60)
         assert df.error.isna().all(), df.error.dropna().tolist()
         assert [r[0] for r in df.result] == list(range(30))
         late = {r[1] for r in df.result[-6:]}
         assert victim not in late  # the last items ran on the nodes still up
+
+        def lost():
+            rows = cluster.nodes_status()
+            return next((r for r in rows if r["node"] == victim and r["status"] == "lost"), None)
+
+        row = wait_until(lost, 30, f"{victim} reported lost")
+        assert "stopped answering" in row["error"], row
     finally:
         cluster.stop_sync()
         if victim:

@@ -34,6 +34,9 @@ TIME_RE = re.compile(r"^(\d+(-\d+)?(:\d+){0,2}|UNLIMITED|INFINITE|unlimited|infi
 #: One more #SBATCH option: --name or --name=value, nothing sbatch would split or unquote.
 DIRECTIVE_RE = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*(=[^\s'\"\\]+)?\Z")
 
+#: An agent reports every 2 s (node.PROBE_EVERY_S): this long without one, its node is lost
+#: (a power cut leaves the job RUNNING until slurmctld's SlurmdTimeout, minutes later).
+REPORT_SILENCE_S = 8
 RUNNING = {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STAGE_OUT"}
 #: Pending reasons that no amount of waiting cures: the request exceeds what the partition,
 #: account or QOS allows. Reported at once instead of after the start timeout.
@@ -310,7 +313,7 @@ class SlurmBackend(Configurable, Backend):
         # call, slower still on a busy node) or copies data sets to its scratch (as long as
         # the shared file system takes): then only the start's own timeout applies.
         silent = time.time() - report.time
-        quiet = {"preloading": 300, "staging": 3600}.get(report.status, 15)
+        quiet = {"preloading": 300, "staging": 3600}.get(report.status, REPORT_SILENCE_S)
         if silent > quiet:
             return "lost", f"its node stopped answering (no report for {silent:.0f} s)"
         return "alive", ""
