@@ -366,6 +366,7 @@ class Cluster:
                 "profile_dir": str(cdir / "profile"),
                 "local_directory": str(cdir / "dask-worker-space"),
                 "tls_dir": str(cdir) if self.tls else None,
+                "dashboard": self.dashboard,
             },
             **self.backend.spec_for(node),
             **(staged or {}),

@@ -381,3 +381,30 @@ def test_stop_after_a_failed_start_and_twice_is_harmless(lounge_dir):
     cluster.stop_sync()
     cluster.stop_sync()
     assert cluster.status == "stopped" and state.list_states() == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_256_engines_on_one_machine_start_map_and_stop_with_nothing_left(kind, lounge_dir, pids_of):
+    """The scale a lounge PC or a big node reaches: one agent forks 256 engines (file
+    descriptors raised where needed), all register, a map uses them, stop leaves nothing."""
+    cluster = Lounge(256, engines=kind, wait=True, timeout=600).start_sync()
+    try:
+        pids = pids_of(cluster)
+        assert len(set(pids)) == 256 and len(cluster.registered()) == 256
+        assert sorted(run_everywhere(cluster, os.getpid)) == sorted(pids)
+
+        def slow(x):
+            import os
+            import time
+
+            time.sleep(0.05)
+            return x * 3, os.getpid()
+
+        df = cluster.map(slow, range(2048), progress=False, timeout=300)
+        assert df.error.isna().all(), df.error.dropna().tolist()[:3]
+        assert [r[0] for r in df.result] == [x * 3 for x in range(2048)]
+        assert len({r[1] for r in df.result}) > 128  # spread over the engines, not a few
+    finally:
+        cluster.stop_sync()
+    assert state.list_states() == [] and processes_under(str(lounge_dir)) == []

@@ -171,6 +171,8 @@ def test_dask_stock_client(lounge_dir):
     import dask.array as da
     from distributed import Client
 
+    from jupyter_lounge.engines.dask import QUIET
+
     cluster = Lounge(2, engines="dask", wait=True)
     cluster.start_sync()
     try:
@@ -181,6 +183,14 @@ def test_dask_stock_client(lounge_dir):
         assert client.submit(sum, data).result(timeout=30) == 4950
         pids = client.run(os.getpid)
         assert len(pids) == 2
+
+        def idle_costs():
+            import dask
+
+            return [dask.config.get(k) for k in QUIET]
+
+        quiet = [ours for _, ours in QUIET.values()]
+        assert list(client.run(idle_costs).values()) == [quiet, quiet]  # an idle one is quiet
         x = da.arange(10_000, chunks=1_000)
         assert int(client.compute(x.sum()).result(timeout=60)) == sum(range(10_000))
         try:
@@ -226,3 +236,20 @@ def test_dask_stock_client(lounge_dir):
         assert client.submit(lambda: 5).result(timeout=30) == 5
     finally:
         cluster.stop_sync()
+
+
+def test_idle_dask_workers_are_made_quiet_where_the_user_configured_nothing():
+    import dask
+
+    from jupyter_lounge.engines.dask import QUIET, quiet_workers
+
+    stock = {k: v[0] for k, v in QUIET.items()}
+    with dask.config.set({**stock, "distributed.admin.tick.interval": "50ms"}):
+        changed = quiet_workers()
+        assert "distributed.admin.tick.interval" not in changed  # the user's own value stays
+        assert dask.config.get("distributed.admin.tick.interval") == "50ms"
+        assert dask.config.get("distributed.worker.profile.enabled") is False
+        assert dask.config.get("distributed.worker.memory.monitor-interval") == "500ms"
+    with dask.config.set(stock):
+        assert "distributed.worker.profile.enabled" not in quiet_workers(profile=True)
+        assert dask.config.get("distributed.worker.profile.enabled") is True  # the dashboard's
