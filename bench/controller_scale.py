@@ -2,7 +2,8 @@
 CPU and one round trip to all engines, for both engine kinds (issue 17, part 3).
 
 The controller is real and started as a cluster starts it: the command of the engine kind's
-``controller_command`` (ipyparallel: ``ipyparallel.controller`` with CurveZMQ, a signed
+``controller_command`` (ipyparallel: ``ipyparallel.controller`` by way of
+``engines/ipp_controller.py``, with CurveZMQ, a signed
 session key in its profile, ``--ip=127.0.0.1``, the heartbeat a cluster of that size has
 (``cluster.heartbeat_for``: 150 ms up to 256 engines, then longer); Dask: our
 ``dask_scheduler`` with mutual TLS from its own CA), through ``procs.spawn``. A real stock

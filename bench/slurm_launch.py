@@ -67,6 +67,7 @@ from _common import (
     run_everywhere,
     time_ours,
     time_stock_ipyparallel,
+    wait_for_quiet,
 )
 
 CONTROLLER_IP = "10.77.0.1"  # the address of this host that the testbed nodes reach
@@ -155,6 +156,7 @@ def run_jobqueue(rec: dict, mark: str, per_node: int, tmp: str, notes: list[str]
     job = dict(queue="debug", job_name=mark, job_extra_directives=["--exclusive"])
     sched = {"host": CONTROLLER_IP, "dashboard": False}
     more = dict(log_directory=os.path.join(tmp, "dask-jobqueue"), scheduler_options=sched)
+    wait_for_quiet("dask-jobqueue", notes)
     t0 = time.perf_counter()
     cluster = SLURMCluster(cores=per_node, processes=per_node, **mem, **job, **more)
     client = None

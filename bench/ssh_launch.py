@@ -89,6 +89,7 @@ from _common import (
     run_everywhere,
     time_ours,
     time_stock_ipyparallel,
+    wait_for_quiet,
 )
 
 CONTROLLER_IP = "10.77.0.1"  # the address of this host that the testbed nodes reach
@@ -237,6 +238,7 @@ def run_dask(rec: dict, mark: str, per_node: int, notes: list) -> None:
         connect_timeout=10,
     )
     workers = {"n_workers": per_node, "nthreads": 1}
+    wait_for_quiet("dask", notes)
     t0 = time.perf_counter()
     cluster = SSHCluster(
         [DASK_SCHEDULER_HOST, *NODE_IPS[: rec["nodes"]]],
