@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 import pytest
 
-from jupyter_lounge import Lounge, faces
+from jupyter_lounge import Lounge, faces, state
 from jupyter_lounge.errors import LoungeError
 
 from .conftest import wait_until
@@ -100,6 +101,23 @@ def test_ipyparallel_signal_death_and_shutdown(ipp):
     time.sleep(2)
     ipp.nodes_status()
     assert len(rc.ids) == 1 and ipp.n == 1
+
+
+def test_the_controller_queues_a_registration_flood_instead_of_dropping_it(ipp):
+    """Every port engines connect to listens with a backlog of 4,096 (ZMQ's default, 100,
+    overflowed when hundreds of engines registered at once: their connections waited for
+    TCP to try again)."""
+    from jupyter_lounge.engines.ipp_controller import BACKLOG
+
+    info = state.read_json(ipp.kind.connection_files(ipp.dir)[0])
+    ports = {info[k] for k in ("registration", "control", "mux", "task", "iopub")}
+    ports |= {info["hb_ping"], info["hb_pong"]}
+    listening = {}
+    ss = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True, timeout=30)
+    for line in ss.stdout.splitlines():
+        _, _, backlog, local, *_ = line.split()
+        listening[int(local.rsplit(":", 1)[1])] = int(backlog)
+    assert {p: listening.get(p) for p in ports} == {p: BACKLOG for p in ports}
 
 
 def test_ipyparallel_broadcast_magics_and_interrupt(ipp):
