@@ -58,6 +58,7 @@ except ImportError:  # sent as source after trust.py's and treestore.py's: names
 
 MARKER = ".lounge-env"
 KEEP = 2  # environments kept on a node at most: the new one and the one before it (sync.KEEP)
+PROGRAM_NAME = "<jupyter_lounge node program>"  # its file name in a node's tracebacks
 #: The command-line program ssh runs (with ``-I -S -c``: no site, so no .pth imports): it reads
 #: N bytes of program from stdin (see ``program``) and runs the compiled code in it when the
 #: node's Python is the very version that compiled it, else compiles the source in it.
@@ -72,10 +73,9 @@ BOOT = (
     "t,k,b=b.split(b'\\n',2);k=int(k)\n"
     "if t==('%s %x'%(sys.implementation.cache_tag,sys.hexversion)).encode():\n"
     " import marshal;c=marshal.loads(b[:k])\n"
-    "else:c=compile(b[k:],'<jupyter_lounge node program>','exec')\n"
+    f"else:c=compile(b[k:],{PROGRAM_NAME!r},'exec')\n"
     "exec(c)\n"
 )
-PROGRAM_NAME = "<jupyter_lounge node program>"
 
 
 def source() -> bytes:
@@ -101,7 +101,7 @@ _PROGRAM: list[bytes] = []  # compiled once per process
 
 
 def program() -> bytes:
-    """The program the node's BOOT reads (``pack``), made with this Python."""
+    """The program the node's BOOT reads (``pack_program``), compiled by this Python once."""
     if not _PROGRAM:
         import marshal
 

@@ -98,9 +98,9 @@ class _Driver:
         self.per_item: float | None = None  # seconds of work per item, smoothed
         self.engines: dict = {}  # engine -> its node
         self.looked = 0.0  # when the engines were last asked for
-        self.checked = 0.0  # when the agents' reports were last read (no engine to send to)
-        self.gone: dict[str, str] = {}  # node -> why it is gone (its agent's state), read
-        self.gone_read = 0.0  # every NODES_EVERY_S: when
+        self.states: list[dict] = []  # the nodes' states (nodes_status), read by _node_rows
+        self.states_read = -math.inf  # when
+        self.gone: dict[str, str] = {}  # node -> why it is gone (its agent's state)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, bar) -> None:
@@ -156,13 +156,11 @@ class _Driver:
         if now - self.looked < LOOK_EVERY_S and self.engines:
             return
         self.looked = now
-        if now - self.gone_read >= NODES_EVERY_S:
-            # A node that is lost (its SSH session ended, it stopped reporting, its Slurm job
-            # ended) takes its engines with it, whether or not the controller has noticed:
-            # its heartbeat is slow on purpose (cluster.heartbeat_for), a Dask comm to a
-            # powered-off PC stays open until TCP gives up.
-            self.gone_read = now
-            self.gone = _gone_nodes(self.cluster)
+        # A node that is lost (its SSH session ended, it stopped reporting, its Slurm job
+        # ended) takes its engines with it, whether or not the controller has noticed: its
+        # heartbeat is slow on purpose (cluster.heartbeat_for), a Dask comm to a powered-off
+        # PC stays open until TCP gives up.
+        self.gone = _gone_nodes(self._node_rows(NODES_EVERY_S))
         found = self.kind.engines(self.client)
         found = {e: node for e, node in found.items() if node not in self.gone}
         if found and set(found) <= self.dead:  # every engine registered now lost a batch:
@@ -188,6 +186,13 @@ class _Driver:
                     else f"its engine ({engine}) left the cluster"
                 )
                 self._lost(indices, why, engine)
+
+    def _node_rows(self, max_age: float) -> list[dict]:
+        """The cluster's ``nodes_status`` rows, read again when older than ``max_age`` s (each
+        read is every agent's report, and on Slurm a squeue)."""
+        if time.monotonic() - self.states_read >= max_age:
+            self.states, self.states_read = self.cluster.nodes_status(), time.monotonic()
+        return self.states
 
     def _fill(self) -> None:
         """Give each engine batches until it has ``IN_FLIGHT`` (one until its first is back:
@@ -326,13 +331,10 @@ class _Driver:
 
     def _idle(self) -> None:
         """No batch is out: no engine yet, or none left. Wait for one, or say why not (the
-        agents' reports are read once per look, not on every pass)."""
-        if time.monotonic() - self.checked >= LOOK_EVERY_S:
-            self.checked = time.monotonic()
-            reason = _all_engines_gone(self.cluster, self.nodes)
-            if reason:  # nothing is left to run them: report them, do not hang
-                self._lost_all(reason)
-                return
+        agents' reports are read at most once per look, not on every pass)."""
+        reason = _all_engines_gone(self._node_rows(LOOK_EVERY_S), self.nodes)
+        if reason:  # nothing is left to run them: report them, do not hang
+            self._lost_all(reason)
 
     def _lost_all(self, reason: str) -> None:
         for i in self.todo:
@@ -440,20 +442,15 @@ def pool_nodes(cluster, pool: str) -> list[str]:
     return here
 
 
-def _gone_nodes(cluster) -> dict[str, str]:
-    """The cluster's nodes whose agent is gone, and why (its status, as ``lounge status``
-    shows it)."""
-    return {
-        r["node"]: str(r["error"] or r["status"])
-        for r in cluster.nodes_status()
-        if r["status"] in GONE
-    }
+def _gone_nodes(rows: list[dict]) -> dict[str, str]:
+    """The nodes of these ``nodes_status`` rows whose agent is gone, and why (its status, as
+    ``lounge status`` shows it)."""
+    return {r["node"]: str(r["error"] or r["status"]) for r in rows if r["status"] in GONE}
 
 
-def _all_engines_gone(cluster, nodes: set | None = None) -> str | None:
-    """Why no engine of the cluster (on ``nodes``, a pool's) can ever run an item again, or
-    None while one can."""
-    rows = cluster.nodes_status()
+def _all_engines_gone(rows: list[dict], nodes: set | None = None) -> str | None:
+    """Why no engine of the cluster (these are its ``nodes_status`` rows; on ``nodes``, a
+    pool's) can ever run an item again, or None while one can."""
     if nodes is not None:
         rows = [r for r in rows if r["node"] in nodes]
         if not rows:

@@ -153,6 +153,7 @@ class NodeAgent:
         self._interrupt = None  # the last interrupt token of the control file
         self.stopping = False
         self.status = "starting"
+        self._reported = time.monotonic()  # when the last report went (report())
         self.error: str | None = None
         self._next_index = 0
         self.timings: list[tuple[str, float]] = []  # seconds per launch phase, in order
@@ -221,6 +222,7 @@ class NodeAgent:
 
     # -- reporting ---------------------------------------------------------------------------
     def report(self) -> None:
+        self._reported = time.monotonic()
         courtesy = self.courtesy
         self.link.publish(
             Report(
@@ -238,6 +240,12 @@ class NodeAgent:
                 else {"state": courtesy.state, "reason": courtesy.reason},
             )
         )
+
+    def _report_if_due(self) -> None:
+        """Report again when the last one is PROBE_EVERY_S old: in a long phase of the start
+        too, a silent agent is a lost one to whoever reads its reports (Slurm's backend)."""
+        if time.monotonic() - self._reported >= PROBE_EVERY_S:
+            self.report()
 
     def fail(self, message: str, code: int = 3) -> None:
         self.status, self.error = "failed", message
@@ -328,6 +336,7 @@ class NodeAgent:
             if time.monotonic() > deadline:
                 self.fail(f"timed out waiting for the controller's connection file {path}")
             self._poll(0.05)
+            self._report_if_due()
         self.connection = read_json(path)
         self.probe_addr = self.kind.probe_address(self.connection)
 
@@ -653,6 +662,7 @@ class NodeAgent:
             for rank in self.wanted:
                 if self.engines.get(str(rank), {}).get("state") != "running":
                     self.fork_engine(rank)
+                    self._report_if_due()  # hundreds of engines on a big node take a while
         self._lap("fork")
         self.status = "in use" if self.evicted else "running"
         self.report()
