@@ -408,3 +408,149 @@ def test_256_engines_on_one_machine_start_map_and_stop_with_nothing_left(kind, l
     finally:
         cluster.stop_sync()
     assert state.list_states() == [] and processes_under(str(lounge_dir)) == []
+
+
+_LAST_WORDS = """
+import os, sys, types, zmq
+from jupyter_lounge.engines.ipyparallel import _let_last_words_out
+ctx = zmq.Context.instance()
+sock = ctx.socket(zmq.DEALER)
+sock.connect(sys.argv[1])
+for i in range(8):
+    sock.send(bytes([i]) * (8 << 20))
+if sys.argv[2] == "flush":
+    _let_last_words_out(types.SimpleNamespace(context=ctx))
+os._exit(0)
+"""
+
+
+@pytest.mark.fast
+def test_an_engine_asked_to_end_hands_its_last_words_out_before_it_exits():
+    """An engine ends with os._exit, which ends ZMQ's I/O thread with whatever is still
+    queued there: a shutdown reply was lost that way, and the client waited for ever. The
+    engine first closes its context with a linger: all 64 MiB it queued just before its exit
+    reach the peer (without that, about half did here)."""
+    import zmq
+
+    ctx = zmq.Context()
+    peer = ctx.socket(zmq.ROUTER)
+    port = peer.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _LAST_WORDS, f"tcp://127.0.0.1:{port}", "flush"],
+            capture_output=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr.decode()
+        got = 0
+        while peer.poll(500):
+            got += len(peer.recv_multipart()[1])
+        assert got == 8 * (8 << 20), got
+    finally:
+        peer.close(linger=0)
+        ctx.term()
+
+
+@pytest.mark.fast
+def test_the_nanny_gives_an_engine_its_relay_only_once_the_controller_can_reach_it(tmp_path):
+    """A node's nanny relays each engine's control channel. It answers the engine's attach
+    request once the relay's connection to the controller is up: the controller can route a
+    message to the engine from that moment (before, a client's first shutdown or signal to
+    a new engine was dropped). A controller that cannot be reached, or that does not take the
+    keys, gets the engine a sentence instead, within the engine's own wait."""
+    import json as _json
+
+    import zmq
+
+    from jupyter_lounge.engines import ipp_nanny
+
+    node_keys, controller_keys, stranger_keys = (zmq.curve_keypair() for _ in range(3))
+    connection = {
+        "key": "k" * 32,
+        "signature_scheme": "hmac-sha256",
+        "interface": "tcp://127.0.0.1",
+        "registration": 1,  # never reached here: the nanny only connects to it
+        "curve_serverkey": controller_keys[0].decode(),
+    }
+    session = ipp_nanny.session_for(connection)
+    engine = subprocess.Popen(["sleep", "60"])  # a child of this process, as an engine is
+    ready_r, ready_w = os.pipe()
+    nanny = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import json, os, sys; from jupyter_lounge.engines import ipp_nanny; "
+            "c, k = json.loads(sys.argv[1]), [x.encode() for x in sys.argv[2:4]]; "
+            "ipp_nanny.serve(c, tuple(k), os.getppid(), int(sys.argv[4]))",
+            _json.dumps(connection),
+            node_keys[0].decode(),
+            node_keys[1].decode(),
+            str(ready_w),
+        ],
+        pass_fds=[ready_w],
+    )
+    os.close(ready_w)
+    ctx = zmq.Context()
+    try:
+        with os.fdopen(ready_r, "rb") as ready:
+            nanny_url = _json.loads(ready.readline())["nanny_url"]
+
+        def attach(control_url: str) -> dict:
+            sock = ctx.socket(zmq.DEALER)
+            sock.linger = 0
+            sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = (
+                node_keys[0],
+                *node_keys,
+            )
+            sock.connect(nanny_url)
+            content = {"pid": engine.pid, "id": 7, "ident": "e-7", "control_url": control_url}
+            session.send(sock, ipp_nanny.ATTACH, content)
+            assert sock.poll(ipp_nanny.ATTACH_WAIT_S * 1000), "the nanny did not answer"
+            reply = session.deserialize(session.feed_identities(sock.recv_multipart())[1])
+            sock.close()
+            return reply["content"]
+
+        def controller(keys) -> tuple:
+            sock = ctx.socket(zmq.ROUTER)
+            sock.linger = 0
+            sock.curve_server, sock.curve_secretkey = True, keys[1]
+            sock.router_mandatory = True  # an unroutable message raises instead of vanishing
+            return sock, sock.bind_to_random_port("tcp://127.0.0.1")
+
+        control, port = controller(controller_keys)
+        reply = attach(f"tcp://127.0.0.1:{port}")
+        # routable at once (router_mandatory raises where the relay is not connected yet)
+        session.send(control, "shutdown_request", {"restart": False}, ident=b"e-7")
+        relay = ctx.socket(zmq.ROUTER)
+        relay.linger = 0
+        relay.curve_serverkey, relay.curve_publickey, relay.curve_secretkey = (
+            node_keys[0],
+            *node_keys,
+        )
+        relay.connect(reply["url"])
+        assert relay.poll(10_000), "the relay passed nothing on"
+        passed = session.deserialize(session.feed_identities(relay.recv_multipart())[1])
+        assert passed["header"]["msg_type"] == "shutdown_request"
+
+        import socket
+
+        with socket.socket() as probe:  # a port where nothing listens
+            probe.bind(("127.0.0.1", 0))
+            nobody = probe.getsockname()[1]
+        unreached = attach(f"tcp://127.0.0.1:{nobody}")
+        assert unreached == {
+            "error": f"the controller at tcp://127.0.0.1:{nobody} did not complete a "
+            f"connection within {ipp_nanny.HANDSHAKE_WAIT_S:g} s"
+        }
+        _, stranger_port = controller(stranger_keys)  # not the key the node was given
+        refused = attach(f"tcp://127.0.0.1:{stranger_port}")
+        assert refused == {
+            "error": f"the handshake with the controller at tcp://127.0.0.1:{stranger_port} "
+            "failed (its keys or its protocol are not this node's)"
+        }
+    finally:
+        nanny.kill()
+        engine.kill()
+        nanny.wait()
+        engine.wait()
+        ctx.destroy(linger=0)

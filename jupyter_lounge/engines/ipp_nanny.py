@@ -23,7 +23,19 @@ from typing import Any
 
 ATTACH = "lounge_attach_request"
 ATTACH_WAIT_S = 10.0
-LAST_WORDS_MS = 50  # how long a dead engine's last message may still be on its way
+HANDSHAKE_WAIT_S = 5.0  # within ATTACH_WAIT_S: the engine hears why
+LAST_WORDS_S = 0.5  # how long a dead engine's last messages may still be on their way
+
+
+def _handshake_events() -> int:
+    import zmq
+
+    return (
+        zmq.EVENT_HANDSHAKE_SUCCEEDED
+        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    )
 
 
 def session_for(connection: dict) -> Any:
@@ -135,27 +147,65 @@ class NodeNanny:
         control = self.context.socket(zmq.ROUTER)
         control.setsockopt(zmq.IDENTITY, content["ident"].encode())
         _set_curve(control, self.keys, False, self.serverkey)
+        # The engine is told its relay only once the relay's connection to the controller
+        # is up (its handshake done): the engine then starts its heart, the controller then
+        # announces it, and a client's first control message to it (a shutdown, a signal)
+        # would otherwise be dropped by the controller, the relay not connected yet.
+        watch = ZMQStream(control.get_monitor_socket(_handshake_events()))
         control.connect(content["control_url"])
-        parent = self.context.socket(zmq.DEALER)
-        _set_curve(parent, self.keys, True)
-        port = parent.bind_to_random_port("tcp://127.0.0.1")
-        engine = _Engine(pid, engine_id, pidfd, ZMQStream(control), ZMQStream(parent))
-        engine.control.on_recv_stream(lambda stream, raw: self._from_controller(engine, raw))
-        engine.parent.on_recv(engine.control.send_multipart)
-        self.engines[pidfd] = engine
-        self.loop.add_handler(pidfd, self._exited, self.loop.READ)
-        self.session.send(
-            self.service,
-            "lounge_attach_reply",
-            {"url": f"tcp://127.0.0.1:{port}"},
-            ident=idents,
-            parent=msg,
+
+        def ready(error: str | None) -> None:
+            if watch.closed():
+                return
+            self.loop.remove_timeout(timer)
+            control.disable_monitor()
+            watch.close(linger=0)
+            if error:
+                control.close(linger=0)
+                os.close(pidfd)
+                self.session.send(
+                    self.service, "lounge_attach_reply", {"error": error}, ident=idents, parent=msg
+                )
+                return
+            parent = self.context.socket(zmq.DEALER)
+            _set_curve(parent, self.keys, True)
+            port = parent.bind_to_random_port("tcp://127.0.0.1")
+            engine = _Engine(pid, engine_id, pidfd, ZMQStream(control), ZMQStream(parent))
+            engine.control.on_recv_stream(lambda stream, raw: self._from_controller(engine, raw))
+            engine.parent.on_recv(engine.control.send_multipart)
+            self.engines[pidfd] = engine
+            self.loop.add_handler(pidfd, self._exited, self.loop.READ)
+            self.session.send(
+                self.service,
+                "lounge_attach_reply",
+                {"url": f"tcp://127.0.0.1:{port}"},
+                ident=idents,
+                parent=msg,
+            )
+
+        def event(frames: list) -> None:
+            from zmq.utils.monitor import parse_monitor_message
+
+            if parse_monitor_message(frames)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                ready(None)
+            else:
+                ready(
+                    f"the handshake with the controller at {content['control_url']} failed "
+                    "(its keys or its protocol are not this node's)"
+                )
+
+        watch.on_recv(event)
+        timer = self.loop.call_later(
+            HANDSHAKE_WAIT_S,
+            ready,
+            f"the controller at {content['control_url']} did not complete a connection "
+            f"within {HANDSHAKE_WAIT_S:g} s",
         )
 
     def _from_controller(self, engine: _Engine, raw: list) -> None:
         """Answer a signal request here; pass every other control message to the engine."""
-        idents, frames = self.session.feed_identities(raw)
         try:
+            idents, frames = self.session.feed_identities(raw)
             msg = self.session.deserialize(frames, content=True)
         except Exception:  # noqa: BLE001 - unsigned or malformed: dropped, as the engine would
             return
@@ -177,20 +227,25 @@ class NodeNanny:
         self.session.send(engine.control, "signal_reply", content, ident=idents, parent=msg)
 
     def _exited(self, pidfd: int, events: int) -> None:
-        """The engine is gone: pass on what it said last, then tell the controller now, as the
-        stock nanny does. (An engine answers a shutdown request and exits: its exit can be
-        seen here before its reply is read, and closing its sockets then lost the reply, so
-        the client's ``shutdown(block=True)`` waited for ever.)"""
+        """The engine is gone: pass on what it said last, then tell the controller, as the
+        stock nanny does (long before missed heartbeats would). An engine answers a shutdown
+        request and exits; its reply can still be on its way here when its exit is seen, and
+        closing its sockets then lost the reply, so the client's ``shutdown(block=True)``
+        waited for ever. The relay therefore goes on for ``LAST_WORDS_S`` without holding
+        up the nanny (an engine hands its last words to the network before it exits, so they
+        are here within a moment even on a loaded node)."""
         engine = self.engines.pop(pidfd)
         self.loop.remove_handler(pidfd)
         os.close(pidfd)
-        wait_ms = LAST_WORDS_MS
-        while engine.parent.socket.poll(wait_ms):
+        self.loop.call_later(LAST_WORDS_S, self._unregister, engine)
+
+    def _unregister(self, engine: _Engine) -> None:
+        engine.parent.stop_on_recv()
+        while engine.parent.socket.poll(0):
             engine.control.send_multipart(engine.parent.socket.recv_multipart())
-            wait_ms = 0
         engine.control.flush()
         self.session.send(self.registration, "unregistration_request", {"id": engine.engine_id})
-        engine.control.close(linger=int(LAST_WORDS_MS))
+        engine.control.close(linger=int(LAST_WORDS_S * 1000))  # sent on in the background
         engine.parent.close(linger=0)
 
 

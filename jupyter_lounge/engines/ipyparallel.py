@@ -85,6 +85,7 @@ class IPyParallelEngines(EngineKind):
             shell = getattr(getattr(app, "kernel", None), "shell", None)
             if not getattr(shell, "exit_now", False):
                 raise
+        _let_last_words_out(app)
 
     def controller_command(self, cdir: Path, listen_ip: str, options: dict) -> list[str]:
         hb = int(options.get("heartbeat_ms", 150))
@@ -181,6 +182,49 @@ class IPyParallelEngines(EngineKind):
                 )
             time.sleep(0.05)
         ar.get()  # raise the engines' errors (ipyparallel's CompositeError shows each one)
+
+
+#: How long an engine asked to end waits for what it said last to leave it.
+LAST_WORDS_S = 2.0
+
+
+def _let_last_words_out(app: Any) -> None:
+    """Before an engine that was asked to end exits: hand what it said last (the shutdown
+    reply, its last output) to its peers. The engine ends with ``os._exit``, which ends ZMQ's
+    I/O thread at once: a reply still queued there was lost, and the client's
+    ``shutdown(block=True)`` waited for ever. So: flush the output, stop the threads that
+    own sockets, then close every socket of the engine's context with a linger and end the
+    context, which waits until the messages are out (or ``LAST_WORDS_S`` has passed: a peer
+    that is gone does not hold the exit). Each wait is bounded; when one runs out, the
+    engine exits without closing (a socket still used by a thread must not be closed)."""
+    import threading
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()  # the kernel's streams: their text goes out on IOPub
+        except Exception:  # noqa: BLE001, S110 - output that cannot go out is not kept
+            pass
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    kernel = getattr(app, "kernel", None)
+    control = getattr(kernel, "control_thread", None)
+    iopub = getattr(kernel, "iopub_thread", None)
+    threads = []
+    if control is not None and control.is_alive():
+        control.stop()
+        threads.append(control)
+    if iopub is not None and iopub.thread.is_alive():
+        iopub.io_loop.add_callback(iopub.io_loop.stop)  # IOPubThread.stop waits 30 s
+        threads.append(iopub.thread)
+    deadline = time.monotonic() + LAST_WORDS_S
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            return
+    closing = threading.Thread(
+        target=app.context.destroy, kwargs={"linger": int(LAST_WORDS_S * 1000)}, daemon=True
+    )
+    closing.start()
+    closing.join(LAST_WORDS_S + 1.0)
 
 
 def _lounge_engine_class() -> type:
