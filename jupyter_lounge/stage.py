@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from pathlib import Path
 
 from . import treestore
 from .errors import LoungeError
 
-NAME_RE = re.compile(treestore.DATA_NAME_RE)
 LIST_COLUMNS = ["node", "name", "files", "MiB", "content", "staged", "path"]
 STAGE_COLUMNS = ["node", "name", "status", "files", "MiB", "seconds", "path"]
 
 
 def check_name(name: str | None) -> str:
-    if not name or not NAME_RE.match(name):
+    if not treestore.is_data_name(name):
         raise LoungeError(
             f"{name!r} cannot name a data set: use a letter, then letters, digits or _ (at most "
             "64), e.g. --name tissue_2026"

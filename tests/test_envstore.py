@@ -384,6 +384,46 @@ def test_the_files_of_the_node_program_define_no_name_twice():
                 assert where.setdefault(n, name) == name, f"{n} is in {where[n]} and {name}"
 
 
+@pytest.mark.fast
+def test_the_node_answers_the_text_json_would_and_reads_manifests_of_either_format():
+    """The node program writes its answers without the json module and packs manifests with
+    marshal; what it writes is json.dumps's text, and a manifest an earlier version saved as
+    JSON is still read."""
+    from jupyter_lounge import treestore
+
+    odd = 'caf\u00e9 "q" back\\slash \t\n\x00\x7f \U0001f600 \udcff'
+    values = [
+        {"state": "missing", "missing": {"ab" * 32 + ".644": 12, "k": 0}, "free_mib": 10**12},
+        {"state": "shipped", "removed": [odd, "plain/path.py"], "in_use": [], "bytes": 0},
+        [None, True, False, -3, 2.5, 1e-07, 123456789.125, [], {}, ""],
+        {"fingerprint": "0" * 16, "tree": "f" * 64, "time": 1764990000.123456},
+    ]
+    for value in values:
+        assert envstore.to_json(value) == json.dumps(value)
+        assert json.loads(envstore.to_json(value)) == value
+    entries = [[odd, "f", 0o644, 3, "ab" * 32, 1764990000], ["d", "d", 0o755, 0, "", 0]]
+    change = {"tree": "t", "keep": 2, "base": None, "set": entries, "del": [odd]}
+    assert treestore.unpack(treestore.pack(change)) == change
+    old = __import__("zlib").compress(json.dumps(change).encode("utf-8", "surrogateescape"))
+    assert treestore.unpack(old) == change
+    marker = json.dumps({"fingerprint": "x", "tree": "ab12", "time": 1.5})
+    assert treestore.marker_tree(marker) == "ab12"
+    assert treestore.marker_tree('{"tree":"ab12","x":1}') == "ab12"  # another shape: json
+
+
+def test_the_node_program_starts_without_json_re_or_shutil(tmp_path):
+    """Their imports (with enum, bz2, lzma) were a third of a node's CPU in a re-sync: the
+    node program loads them only for the rare paths that need them."""
+    payload = envstore.program()
+    argv = [sys.executable, "-I", "-S", "-X", "importtime", "-c", envstore.BOOT, str(len(payload))]
+    proc = subprocess.run(
+        [*argv, "data-list", str(tmp_path)], input=payload, capture_output=True, timeout=60
+    )
+    assert proc.returncode == 0 and json.loads(proc.stdout) == [], proc.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.decode().splitlines()}
+    assert imported & {"json", "re", "enum", "shutil", "bz2", "lzma"} == set(), imported
+
+
 def test_a_node_without_room_says_so_with_the_numbers(here, tmp_path):
     local = tmp_path / "local"
     local.mkdir(mode=0o700)
