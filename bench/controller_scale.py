@@ -485,8 +485,45 @@ class Run:
             return len(self.client.ids)
         return sum(s.registered for s in self.sims)
 
+    def cpu_used(self) -> dict[str, float]:
+        """CPU seconds (user + system) used so far by the controller's first process (the
+        ipyparallel hub; the Dask scheduler), by its child processes (ipyparallel's
+        schedulers and heart monitor), and by the simulators."""
+        import psutil
+
+        def used(procs) -> float:
+            total = 0.0
+            for p in procs:
+                try:
+                    t = p.cpu_times()
+                    total += t.user + t.system
+                except psutil.NoSuchProcess:
+                    pass
+            return total
+
+        try:
+            root = psutil.Process(self.controller.pid)
+            children = root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            root, children = None, []
+        sims = []
+        for s in self.sims:
+            try:
+                sims.append(psutil.Process(s.proc.pid))
+            except psutil.NoSuchProcess:
+                pass
+        return {
+            "controller": used([root] if root else []),
+            "children": used(children),
+            "simulators": used(sims),
+            **{f"child {c.pid}": used([c]) for c in children},
+        }
+
     def register(self, timeout: float) -> dict:
-        """Tell every simulator to start; engines/s until all are registered, or the limit."""
+        """Tell every simulator to start; engines/s until all are registered, or the limit;
+        and the CPU each part used meanwhile, per engine registered, with how busy the
+        machine's cores were (what bounds the rate on this machine)."""
+        before = self.cpu_used()
         for s in self.sims:
             s.tell("go")
         t0 = last_t = time.monotonic()
@@ -511,6 +548,17 @@ class Run:
         else:
             last, last_t = now, time.monotonic()
         rec = {"engines": last, "register_per_s": round(last / max(last_t - t0, 1e-9), 1)}
+        after, wall = self.cpu_used(), time.monotonic() - t0
+        spent = {part: after[part] - before.get(part, 0.0) for part in after}
+        busiest = max((v for k, v in spent.items() if k.startswith("child ")), default=0.0)
+        spent = {k: v for k, v in spent.items() if not k.startswith("child ")}
+        spent["busiest_child"] = busiest  # one process: what bounds it on a machine of its own
+        for part, seconds in spent.items():
+            rec[f"flood_{part}_cpu_ms_per_engine"] = round(1000 * seconds / max(last, 1), 2)
+        del spent["busiest_child"]
+        rec["flood_cores_busy_percent"] = round(
+            100 * sum(spent.values()) / (wall * (os.cpu_count() or 1)), 1
+        )
         if limit:
             rec["limit"] = limit
         return rec
@@ -519,34 +567,19 @@ class Run:
         """% of one core used by the controller (and its children), and by the simulators."""
         import psutil
 
-        def used(roots):
-            total = 0.0
-            for root in roots:
-                try:
-                    procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
-                except psutil.NoSuchProcess:
-                    continue
-                for p in procs:
-                    try:
-                        t = p.cpu_times()
-                        total += t.user + t.system
-                    except psutil.NoSuchProcess:
-                        pass
-            return total
-
-        sims = [s.proc.pid for s in self.sims]
-        t0, c0, s0 = time.monotonic(), used([self.controller.pid]), used(sims)
+        t0, c0 = time.monotonic(), self.cpu_used()
         time.sleep(seconds)
-        wall = time.monotonic() - t0
-        c1, s1 = used([self.controller.pid]), used(sims)
+        wall, c1 = time.monotonic() - t0, self.cpu_used()
+        ctrl = sum(c1[p] - c0[p] for p in ("controller", "children"))
+        sims = c1["simulators"] - c0["simulators"]
         fds = sum(
             p.num_fds()
             for p in [psutil.Process(self.controller.pid)]
             + psutil.Process(self.controller.pid).children(recursive=True)
         )
         return {
-            "steady_cpu_percent": round(100 * (c1 - c0) / wall, 1),
-            "simulators_cpu_percent": round(100 * (s1 - s0) / wall, 1),
+            "steady_cpu_percent": round(100 * ctrl / wall, 1),
+            "simulators_cpu_percent": round(100 * sims / wall, 1),
             "controller_fds": fds,
         }
 
@@ -688,6 +721,20 @@ def main(argv: list[str] | None = None) -> None:
         ]
         for r in records
     ]
+    print(markdown_table(head, rows))
+    # what bounds the rate here: the CPU each part spends per engine while they register
+    head = ["kind", "engines", "register/s", "cores busy %", "controller", "its children"]
+    head += ["busiest child", "simulators (CPU ms per engine)"]
+    rows = [
+        [r["kind"], str(r["engines"]), num(r["register_per_s"], ".0f")]
+        + [num(r.get(f"flood_{k}"), ".1f") for k in ("cores_busy_percent",)]
+        + [
+            num(r.get(f"flood_{part}_cpu_ms_per_engine"), ".2f")
+            for part in ("controller", "children", "busiest_child", "simulators")
+        ]
+        for r in records
+    ]
+    print()
     print(markdown_table(head, rows))
     print(
         f"\nThis machine has {os.cpu_count()} cores, shared by the simulators and the controller; "

@@ -120,6 +120,47 @@ def test_the_controller_queues_a_registration_flood_instead_of_dropping_it(ipp):
     assert {p: listening.get(p) for p in ports} == {p: BACKLOG for p in ports}
 
 
+def test_the_hub_still_refuses_a_pending_engine_twice_without_scanning_them_all(ipp):
+    """Our hub finds a registration's clash among the pending ones by key (a scan of every
+    pending registration was half its time in a flood of 4,096): a second registration of a
+    pending engine is still refused, and an engine id asked for twice, or already in use,
+    is still given to one engine only."""
+    import zmq
+
+    from jupyter_lounge.engines.ipp_nanny import session_for
+
+    info = state.read_json(ipp.kind.connection_files(ipp.dir)[0])
+    session = session_for(info)
+    ctx = zmq.Context()
+    public, secret = zmq.curve_keypair()
+
+    def register(uuid: str, asked: int | None) -> dict:
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.curve_serverkey = info["curve_serverkey"].encode()
+        sock.curve_publickey, sock.curve_secretkey = public, secret
+        sock.identity = uuid.encode()
+        sock.connect(f"{info['interface']}:{info['registration']}")
+        content = {"uuid": uuid} if asked is None else {"uuid": uuid, "id": asked}
+        session.send(sock, "registration_request", content)
+        assert sock.poll(10_000), "the hub did not answer"
+        return session.deserialize(session.feed_identities(sock.recv_multipart())[1])["content"]
+
+    try:
+        tag = os.urandom(4).hex()
+        first = register(f"pending-{tag}", 90)
+        assert (first["status"], first["id"]) == ("ok", 90)
+        again = register(f"pending-{tag}", None)  # its heart never beats: still pending
+        assert again["status"] == "error" and "in use" in again["evalue"], again
+        other = register(f"other-{tag}", 90)
+        taken = register(f"third-{tag}", ipp.client.ids[0])
+        assert other["status"] == taken["status"] == "ok"
+        ids = {90, *ipp.client.ids}
+        assert other["id"] not in ids and taken["id"] not in ids | {other["id"]}
+    finally:
+        ctx.destroy(linger=0)
+
+
 def test_ipyparallel_broadcast_magics_and_interrupt(ipp):
     rc = ipp.client
     for coalescing in (False, True):
