@@ -7,9 +7,11 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test test-local lint labext-test chromium bench clean
 
 # `pip install -e` also builds the JupyterLab extension (labextension/, with jlpm and
-# Node.js), so a change to its sources reinstalls.
+# Node.js), so a change to its sources reinstalls; the built one is removed first, as the
+# build hook skips the build where one exists (pyproject.toml's skip-if-exists).
 $(STAMP): pyproject.toml labextension/package.json labextension/yarn.lock \
 		$(wildcard labextension/src/*.ts) $(wildcard labextension/style/*)
+	rm -rf jupyter_lounge/labextension
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test]"

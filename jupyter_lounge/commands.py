@@ -12,13 +12,14 @@ import math
 import time
 
 from .backends import options as backend_options
-from .config import DEFAULT_BACKEND, DEFAULT_ENGINES, DEFAULT_TIMEOUT
 from .errors import LoungeError
 
 USAGE = """\
 %lounge start N [--engines {kinds}] [--backend {backends}] [--nodes M] [--name NAME]
                [--preload mod1,mod2] [--wait] [--timeout S] [--no-restart] [--courtesy]
                [--dashboard] (Dask's, on loopback)  [--no-tls] (local only: no encryption)
+               [--profile NAME] (a set of defaults)  (--restart, --no-courtesy, --no-strict,
+               ... undo a configured default; what is left out: see %lounge config)
                [--dry-run] (Slurm: print the batch script it would submit; start nothing)
                [--stage NAME=DIR] (a data set on each node's disk: lounge.data("NAME"))
 {slurm}
@@ -32,6 +33,7 @@ USAGE = """\
 %lounge stage DIR [--name NAME] [--pool P] [--force]   (a data set on each node's own disk)
 %lounge stage --list | --remove NAME  [--pool P] [--inventory lounge.toml] [--json]
 %lounge runs [CLUSTER]            (each map is a run: its progress, kept after a stop)
+%lounge config [--profile NAME] [--json] [start options]   (a start's defaults, and whence)
 %lounge run NAME [--cluster C] [--csv FILE] [--wait] [--cancel] [--delete]
 %%lounge [NAME]                   (as a cell magic: run the cell on every engine)"""
 INDENT = " " * 15  # where the lines of start's options begin
@@ -109,14 +111,39 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_flag(parser: argparse.ArgumentParser, option: backend_options.Option) -> None:
-    """A backend option's flag; None when not given, so that the config's value holds."""
+    """A backend option's flag (and ``--no-X`` for a switch); None when not given, so that
+    the configured default holds."""
     if option.kind is bool:
         kind = {"action": "store_const", "const": True}
+        parser.add_argument(
+            f"--no-{option.flag[2:]}", dest=option.name, action="store_const", const=False
+        )
     elif option.kind is list:
         kind = {"action": "append"}
     else:
         kind = {"type": positive_int if option.positive else option.kind}
     parser.add_argument(option.flag, dest=option.name, default=None, **kind)
+
+
+def _switch(parser: argparse.ArgumentParser, name: str) -> None:
+    """``--name`` and ``--no-name``; None when neither is given."""
+    parser.add_argument(f"--{name}", dest=name, action="store_const", const=True, default=None)
+    parser.add_argument(f"--no-{name}", dest=name, action="store_const", const=False)
+
+
+def _add_default_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the options a start takes from its defaults when they are left out
+    (``defaults``): every one is None when not given."""
+    parser.add_argument("--engines")  # checked by engine_kind()
+    parser.add_argument("--backend")  # checked by make_backend()
+    parser.add_argument("--nodes", type=positive_int)
+    parser.add_argument("--preload")
+    parser.add_argument("--timeout", type=positive_float)
+    for name in ("restart", "courtesy", "dashboard"):
+        _switch(parser, name)
+    parser.add_argument("--profile")  # a named set of defaults
+    for option in backend_options.start_options():
+        _add_flag(parser, option)
 
 
 def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
@@ -125,22 +152,16 @@ def build_parser(prog: str = "%lounge") -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=parser_class, required=True)
     start = sub.add_parser("start", add_help=False)
     start.add_argument("n", type=positive_int)
-    start.add_argument("--engines", default=DEFAULT_ENGINES)  # checked by engine_kind()
-    start.add_argument("--backend", default=DEFAULT_BACKEND)  # checked by make_backend()
-    start.add_argument("--nodes", type=positive_int, default=None)
+    _add_default_flags(start)
     start.add_argument("--name")
-    start.add_argument("--preload", default="")
     start.add_argument("--wait", action="store_true")
-    start.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT)
-    start.add_argument("--no-restart", dest="restart", action="store_false")
     start.add_argument("--tls", dest="tls", action="store_true", default=True)  # the default
     start.add_argument("--no-tls", dest="tls", action="store_false")  # local only
-    start.add_argument("--dashboard", action="store_true")
-    start.add_argument("--courtesy", action="store_true")
     start.add_argument("--dry-run", action="store_true")  # print the job script only
     start.add_argument("--stage", action="append", metavar="NAME=DIR")  # data sets
-    for option in backend_options.start_options():
-        _add_flag(start, option)
+    shown = sub.add_parser("config", add_help=False)  # the defaults of a start, and whence
+    _add_default_flags(shown)
+    shown.add_argument("--json", action="store_true")
     scale = sub.add_parser("scale", add_help=False)
     scale.add_argument("n", type=positive_int)
     scale.add_argument("--name")
@@ -199,31 +220,36 @@ def parse(words: list[str], prog: str = "%lounge") -> argparse.Namespace:
     if not words:
         raise LoungeError(f"Say what to do, e.g. `{prog} start 8`; see `{prog} help`.")
     known = ("start", "scale", "status", "interrupt", "stop", "attach", "list", "nodes", "sync")
-    known += ("stage", "doctor", "runs", "run", "help")
+    known += ("stage", "doctor", "runs", "run", "config", "help")
     if words[0] not in known:
         raise LoungeError(f"Unknown command {words[0]!r}: use one of {', '.join(known)}.")
     return build_parser(prog).parse_args(words)
 
 
+def given_defaults(args: argparse.Namespace) -> dict:
+    """The flags of a parsed ``start`` or ``config`` that override a default (``defaults``):
+    those given, by option name."""
+    from .config import START_KEYS
+
+    names = [*START_KEYS, *(o.name for o in backend_options.start_options())]
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def resolve(args: argparse.Namespace):
+    """The defaults of a parsed ``start`` or ``config``: its flags over its ``--profile``,
+    the config and the inventory's ``[start]`` (``defaults.Defaults``)."""
+    from . import defaults
+
+    return defaults.resolve(given_defaults(args), profile=args.profile)
+
+
 def start_options(args: argparse.Namespace) -> dict:
-    """The Cluster arguments of a parsed ``start``: the backend flags given, and the rest."""
-    given = {
-        o.name: getattr(args, o.name)
-        for o in backend_options.start_options()
-        if getattr(args, o.name) is not None
-    }
-    return given | {
+    """The Cluster arguments of a parsed ``start``: what the flags give, the defaults for
+    what they leave out, and the options that have no default (name, wait, tls, stage)."""
+    return resolve(args).cluster_options() | {
         "name": args.name,
-        "engines": args.engines,
-        "backend": args.backend,
-        "nodes": args.nodes,
-        "preload": args.preload,
         "wait": args.wait,
-        "timeout": args.timeout,
-        "restart": args.restart,
         "tls": args.tls,
-        "dashboard": args.dashboard,
-        "courtesy": args.courtesy or None,
         "stage": args.stage,
     }
 

@@ -67,6 +67,14 @@ def _start(args: argparse.Namespace, face: Face):
     )
 
 
+def _config(args: argparse.Namespace, face: Face) -> str:
+    """The defaults a start with these flags would take, and where each came from."""
+    import json
+
+    found = commands.resolve(args)
+    return json.dumps(found.as_json(), indent=1) if args.json else found.text()
+
+
 def _scale(args: argparse.Namespace, face: Face) -> str | None:
     how = "Say which cluster to scale: `lounge scale N --name NAME`."
     cluster = face.cluster(args.name, how)
@@ -288,6 +296,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Face], object]] = {
     "doctor": _doctor,
     "runs": _runs,
     "run": _run,
+    "config": _config,
 }
 
 

@@ -81,7 +81,7 @@ class Node:
 
 
 NODE_KEYS = {f.name: f.type for f in fields(Node) if f.name not in ("idle",)}
-TOP_KEYS = {"defaults", "idle", "pools", "node"}
+TOP_KEYS = {"defaults", "idle", "pools", "node", "start"}  # [start]: see defaults.py
 
 
 @dataclass
@@ -124,12 +124,39 @@ def default_path() -> Path:
 
 def load(path: str | Path | None = None) -> Inventory:
     """Read and check the inventory; raise one clear sentence for the first mistake."""
+    path = Path(os.path.expanduser(str(path))) if path else default_path()
+    text, data = _read(path)
+    return Inventory(path, _nodes(path, text, data))
+
+
+def start_table(path: str | Path | None = None) -> StartTable | None:
+    """The inventory's ``[start]`` table (the defaults of every start, and its named sets
+    ``[start.NAME]``), or None when there is no inventory file. The file is checked as
+    ``load`` checks it (yours or root's, valid TOML); its nodes are not needed here."""
+    path = Path(os.path.expanduser(str(path))) if path else default_path()
+    if not path.is_file():
+        return None
+    text, data = _read(path)
+    where = _Where(path, text)
+    _check_sections(data, where)
+    return StartTable(path, where, _table(data, "start", where))
+
+
+@dataclass
+class StartTable:
+    path: Path
+    where: _Where
+    table: dict  # its keys, and a dict per named set
+
+
+def _read(path: Path) -> tuple[str, dict]:
+    """The text and the parsed TOML of the inventory at ``path``, once it is known to be
+    changeable only by us or root."""
     try:
         import tomllib
     except ImportError:  # Python 3.10
         import tomli as tomllib
 
-    path = Path(os.path.expanduser(str(path))) if path else default_path()
     try:
         text = path.read_text()
         st = path.stat()
@@ -138,6 +165,8 @@ def load(path: str | Path | None = None) -> Inventory:
             f"No lounge inventory at {path}: create it (see the README's inventory example) "
             "or name another with --inventory."
         ) from None
+    except OSError as e:
+        raise LoungeError(f"The lounge inventory {path} cannot be read: {e.strerror}.") from None
     # It says which machines get our keys and what runs there (an idle probe command):
     # only we, or root for a lounge-wide one, may change it.
     if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
@@ -150,17 +179,12 @@ def load(path: str | Path | None = None) -> Inventory:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise LoungeError(f"{path} is not valid TOML: {e}.") from None
-    return Inventory(path, _nodes(path, text, data))
+    return text, data
 
 
 def _nodes(path: Path, text: str, data: dict) -> list[Node]:
     where = _Where(path, text)
-    for key in data:
-        if key not in TOP_KEYS:
-            raise LoungeError(
-                f"{where.key(key)}: unknown section {key!r}; expected "
-                f"{', '.join(sorted(TOP_KEYS))}."
-            )
+    _check_sections(data, where)
     defaults = _table(data, "defaults", where)
     policy = _idle(IdlePolicy(), _table(data, "idle", where), where, "[idle]")
     pool_policy = {}
@@ -208,6 +232,15 @@ def _nodes(path: Path, text: str, data: dict) -> list[Node]:
             )
         nodes.append(replace(node, idle=node_policy))
     return nodes
+
+
+def _check_sections(data: dict, where: _Where) -> None:
+    for key in data:
+        if key not in TOP_KEYS:
+            raise LoungeError(
+                f"{where.key(key)}: unknown section {key!r}; expected "
+                f"{', '.join(sorted(TOP_KEYS))}."
+            )
 
 
 def _check_windows(node: Node, here: str) -> None:
@@ -349,6 +382,25 @@ class _Where:
     def key(self, key: str) -> str:
         line = self._line(rf"(\[+\s*)?{re.escape(key)}\b")
         return f"{self.path} line {line}" if line else f"{self.path}"
+
+    def in_table(self, table: str, key: str | None = None) -> str:
+        """``path line N ([table])``: the line of ``key`` within the table ``[table]`` (a
+        dotted name: ``start.lounge-gpu``), or of the table's header when ``key`` is None or
+        not found there."""
+        parts = [re.escape(p) for p in table.split(".")]
+        header = r"\[\s*" + r"\s*\.\s*".join(f"[\"']?{p}[\"']?" for p in parts) + r"\s*\]"
+        start = self._line(header)
+        line = start
+        if start is not None and key is not None:
+            for i in range(start, len(self.lines)):  # the lines after the header
+                text = self.lines[i].strip()
+                if text.startswith("["):
+                    break
+                if re.match(rf'["\']?{re.escape(key)}["\']?\s*=', text):
+                    line = i + 1
+                    break
+        spot = f" line {line}" if line else ""
+        return f"{self.path}{spot} ([{table}])"
 
     def node(self, index: int) -> str:
         line = self._line(r"\[\[\s*node\s*\]\]", index)

@@ -51,6 +51,14 @@ def seconds(value, what: str, most: float) -> float:
     return value
 
 
+def module_list(value):
+    """Module names as a list: a comma-separated string split (``"tensorflow, numpy"``), a
+    list as it is, anything else returned for its checker to refuse."""
+    if isinstance(value, str):
+        return [m.strip() for m in value.split(",") if m.strip()]
+    return value
+
+
 def module_names(names: list[str]) -> list[str]:
     """Importable module names (``tensorflow``, ``sklearn.ensemble``), nothing else."""
     for name in names:

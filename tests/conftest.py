@@ -102,6 +102,20 @@ def execute_notebook(path, extra_cells=()) -> tuple[list, list[str]]:
     return [cell for cell in nb.cells if cell.cell_type == "code"], left
 
 
+def kernel_output() -> tuple[list[str], object]:
+    """A list of what a kernel printed (its streams and error tracebacks), and the
+    ``output_hook`` of ``execute_interactive`` that fills it."""
+    out: list[str] = []
+
+    def keep(msg):
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append("\n".join(msg["content"]["traceback"]))
+
+    return out, keep
+
+
 def inventory_for_testbed(path) -> dict:
     """Backend options for the ssh backend on the testbed's three nodes (their sshd)."""
     import sys
@@ -143,6 +157,18 @@ def backend(request, tmp_path_factory):
         wait_until(no_jobs, 30, "no Slurm job of the test left in squeue")
     else:
         yield {"backend": "local"}
+
+
+@pytest.fixture(autouse=True)
+def no_server_config_left():
+    """A Jupyter server made in this process (pytest-jupyter's jp_serverapp) hands its config
+    to jupyter_lounge for the process (config.use_server_config), as a real server does: it
+    must not outlive the test that made it, or a value a test gave it (c.SSHBackend.pool)
+    becomes every later start's default."""
+    from jupyter_lounge import config
+
+    yield
+    config._server_config, config._server_files = None, []
 
 
 @pytest.fixture(autouse=True)

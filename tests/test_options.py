@@ -19,6 +19,8 @@ from jupyter_lounge.backends.options import BACKENDS, markdown_table, rest_names
 from jupyter_lounge.errors import LoungeError
 from jupyter_lounge.serverext.requests import backend_option_types
 
+from .conftest import kernel_output
+
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = 'c.SlurmBackend.partition = "debug"\nc.SlurmBackend.time_limit = "0:07:00"\n'
 
@@ -217,13 +219,7 @@ def test_the_profile_reaches_the_job_script_in_a_kernel(tmp_path, lounge_dir):
 
     env = {**os.environ, "IPYTHONDIR": str(write_profile(tmp_path / "ipython"))}
     km, kc = start_new_kernel(kernel_name="python3", env=env)
-    out: list[str] = []
-
-    def keep(msg):
-        if msg["msg_type"] == "stream":
-            out.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            out.append("\n".join(msg["content"]["traceback"]))
+    out, keep = kernel_output()
 
     code = (
         "%load_ext jupyter_lounge\n"

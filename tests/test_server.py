@@ -210,7 +210,8 @@ async def test_a_name_no_cluster_can_have_is_404(jp_fetch):
         (
             {"n": 2, "turbo": True},
             "Unknown option 'turbo': use n, backend, engines, pool, preload, name, nodes, "
-            "timeout or an option of the backend (GET /jupyter-lounge/backends lists them).",
+            "timeout, courtesy, restart, dashboard, profile or an option of the backend "
+            "(GET /jupyter-lounge/backends lists them).",
         ),
         (
             {"n": 2, "partition": "gpu"},

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -129,6 +131,20 @@ def lab(tmp_path, lounge_dir):
 def _api(url: str, token: str, path: str) -> dict:
     with urllib.request.urlopen(f"{url}/jupyter-lounge/{path}?token={token}", timeout=30) as r:
         return json.loads(r.read())
+
+
+def _stop_if_left(url: str, token: str, name: str) -> None:
+    """Stop a cluster a failed test left running (token auth needs no XSRF)."""
+    request = urllib.request.Request(
+        f"{url}/jupyter-lounge/clusters/{name}",
+        method="DELETE",
+        headers={"Authorization": f"token {token}"},
+    )
+    try:
+        urllib.request.urlopen(request, timeout=120).close()
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise
 
 
 @pytest.mark.slow
@@ -244,16 +260,21 @@ def test_sidebar_starts_scales_connects_and_stops_clusters(lab, lounge_dir):
     assert processes_under(str(lounge_dir)) == []
 
 
-def _open_sidebar(page, url: str, token: str):
-    """Lab with the notebook open and its kernel idle; the Lounge sidebar shown."""
+def _open_sidebar(page, url: str, token: str, notebook: bool = True):
+    """Lab with the notebook open and its kernel idle (``notebook``; else Lab alone); the
+    Lounge sidebar shown."""
     from playwright.sync_api import expect
 
-    page.goto(f"{url}/lab/tree/sweep.ipynb?token={token}")
-    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
-    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_visible(
-        timeout=120_000
-    )
-    page.locator('.jp-SideBar .lm-TabBar-tab[data-id="jupyter-lounge-sidebar"]').click()
+    if notebook:
+        page.goto(f"{url}/lab/tree/sweep.ipynb?token={token}")
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
+        expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_visible(
+            timeout=120_000
+        )
+    else:
+        page.goto(f"{url}/lab?token={token}")
+    tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="jupyter-lounge-sidebar"]')
+    tab.click(timeout=120_000)
     sidebar = page.locator("#jupyter-lounge-sidebar")
     expect(sidebar).to_be_visible()
     return sidebar
@@ -360,10 +381,7 @@ def test_a_server_error_is_shown_in_the_sidebar(lab):
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.set_default_timeout(60_000)
             try:
-                page.goto(f"{url}/lab?token={token}")
-                tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="jupyter-lounge-sidebar"]')
-                tab.click(timeout=120_000)
-                sidebar = page.locator("#jupyter-lounge-sidebar")
+                sidebar = _open_sidebar(page, url, token, notebook=False)
                 expect(sidebar.locator('[data-cluster="taken"]')).to_be_visible()
                 sidebar.locator('[data-testid="lounge-start"]').click()
                 page.locator('[data-testid="lounge-start-n"]').fill("2")
@@ -376,3 +394,96 @@ def test_a_server_error_is_shown_in_the_sidebar(lab):
                 browser.close()
     finally:
         taken.stop_sync()
+
+
+@pytest.fixture
+def ipython_profile(tmp_path, monkeypatch):
+    """An IPython profile (``$IPYTHONDIR``) whose config sets two start defaults; asked for
+    before ``lab``, the server started there reads it. Yields the config file."""
+    profile = tmp_path / "ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    config = profile / "ipython_config.py"
+    config.write_text('c.Lounge.preload = ["json"]\nc.Lounge.engines = "dask"\n')
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    yield config
+
+
+@pytest.mark.slow
+def test_start_dialog_opens_on_the_configured_defaults(ipython_profile, lab, lounge_dir):
+    """The profile's c.Lounge.preload and c.Lounge.engines fill the Start dialog, which says
+    which file and line set them; started as it opened, the cluster has them. A mistake in
+    the profile: the dialog says it, on the built-in defaults."""
+    from playwright.sync_api import expect, sync_playwright
+
+    url, token, _ = lab
+    defaults = _api(url, token, "backends").get("defaults")
+    assert defaults, "GET backends sends no 'defaults' (the server side of issue 18)"
+    assert defaults["preload"]["value"] == ["json"], defaults
+    assert defaults["engines"]["value"] == "dask", defaults
+    assert str(ipython_profile) in defaults["preload"]["source"], defaults
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(60_000)
+        try:
+            sidebar = _open_sidebar(page, url, token, notebook=False)
+            expect(sidebar.locator('[data-testid="lounge-node-row"]').first).to_be_visible()
+
+            sidebar.locator('[data-testid="lounge-start"]').click()
+            dialog = page.locator(".jp-Dialog")
+            expect(dialog.locator('[data-testid="lounge-start-engines"]')).to_have_value("dask")
+            expect(dialog.locator('[data-testid="lounge-start-preload"]')).to_have_value("json")
+            expect(dialog.locator('[data-testid="lounge-start-backend"]')).to_have_value("local")
+            expect(dialog.locator('[data-testid="lounge-start-pool"]')).to_have_value("")
+            expect(dialog.locator('[data-testid="lounge-start-n"]')).to_have_value("4")
+            where = dialog.locator('[data-testid="lounge-start-defaults"]')
+            expect(where).to_contain_text("preload from ipython_config.py line 1")
+            expect(where).to_contain_text("engines from ipython_config.py line 2")
+            expect(where).not_to_contain_text("built-in")
+            expect(where).to_have_attribute("title", re.compile(re.escape(str(ipython_profile))))
+            dialog.screenshot(path=str(ARTIFACTS / "start-dialog-defaults.png"))
+
+            # started as it opened (two engines, a name): the cluster has the defaults
+            dialog.locator('[data-testid="lounge-start-n"]').fill("2")
+            dialog.locator('[data-testid="lounge-start-name"]').fill("with-defaults")
+            page.locator(".jp-Dialog-button.jp-mod-accept").click()
+            row = sidebar.locator(
+                '[data-testid="lounge-cluster-row"][data-cluster="with-defaults"]'
+            )
+            expect(row.locator('[data-testid="lounge-cluster-ready"]')).to_have_text(
+                "2/2", timeout=120_000
+            )
+            expect(row).to_contain_text("dask · local · json")
+            started = _api(url, token, "clusters/with-defaults")
+            assert (started["engines"], started["backend"], started["preload"]) == (
+                "dask",
+                "local",
+                "json",
+            ), started
+
+            row.locator('[data-testid="lounge-stop"]').click()
+            page.locator(".jp-Dialog-button.jp-mod-accept").click()
+            expect(row).to_have_count(0, timeout=120_000)
+            expect(sidebar.locator('[data-testid="lounge-error"]')).to_have_text("")
+
+            # a mistake in the profile: the dialog opens on the built-in defaults, saying why
+            ipython_profile.write_text(ipython_profile.read_text() + "c.Lounge.nodes = -1\n")
+            sidebar.locator('[data-testid="lounge-start"]').click()
+            expect(dialog.locator('[data-testid="lounge-start-defaults-error"]')).to_have_text(
+                f"{ipython_profile} line 3: c.Lounge.nodes must be a whole number above 0, not -1."
+            )
+            expect(dialog.locator('[data-testid="lounge-start-engines"]')).to_have_value(
+                "ipyparallel"
+            )
+            expect(dialog.locator('[data-testid="lounge-start-preload"]')).to_have_value("")
+            expect(dialog.locator('[data-testid="lounge-start-defaults"]')).to_have_count(0)
+            page.locator(".jp-Dialog-button.jp-mod-reject").click()
+            expect(dialog).to_have_count(0)
+        except BaseException:
+            page.screenshot(path=str(ARTIFACTS / "start-dialog-defaults-failure.png"))
+            raise
+        finally:
+            browser.close()
+            _stop_if_left(url, token, "with-defaults")
+    assert _api(url, token, "clusters")["clusters"] == []

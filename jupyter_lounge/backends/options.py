@@ -24,6 +24,14 @@ from ..errors import LoungeError
 BACKENDS = ("local", "slurm", "ssh")
 #: The Python type a value of each kind of trait has (a flag's, a REST field's).
 KINDS = {Unicode: str, Integer: int, Float: float, Bool: bool, List: list}
+#: How to say a value of each kind (a REST field's, a config value's).
+KIND_WORDS = {
+    str: "a string",
+    int: "a whole number",
+    float: "a number",
+    bool: "true or false",
+    list: "a list of strings",
+}
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,34 @@ def configure(backend, what: str, known: list[str], config, options: dict) -> di
         raise LoungeError(f"{article} {what} option has a value of the wrong type: {e}") from None
     Backend.__init__(backend, **options)
     return options
+
+
+def of_kind(value: Any, kind: type) -> bool:
+    """Whether ``value`` is a value of the option kind ``kind`` (a bool is no number; a
+    whole number is a float)."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, (int, float))
+    if kind is list:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, kind)
+
+
+def check(backend: str, name: str, value: Any) -> Any:
+    """``value`` for the option ``name`` of ``backend`` (of its kind: see ``of_kind``),
+    checked by the backend's own checks of its values, as a start checks its flags and its
+    config; a mistake is the backend's LoungeError. Nothing is started or read (no
+    inventory, no Slurm)."""
+    from traitlets.config import Configurable
+
+    cls = backend_class(backend)
+    probe = cls.__new__(cls)  # the traits only: not the backend's __init__
+    Configurable.__init__(probe, **{name: value})
+    probe._check_values()
+    return getattr(probe, name)
 
 
 def backend_class(name: str) -> type:

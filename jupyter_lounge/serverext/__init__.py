@@ -18,7 +18,9 @@ def _load_jupyter_server_extension(serverapp) -> None:
     from .handlers import MANAGER, routes
     from .session import ServerSession
 
-    use_server_config(serverapp.config)  # c.Lounge.max_engines in jupyter_server_config.py
+    # c.Lounge.max_engines, c.Lounge.backend in jupyter_server_config.py; its files say
+    # where each value came from (`GET backends`' defaults)
+    use_server_config(serverapp.config, getattr(serverapp, "loaded_config_files", ()))
 
     web_app = serverapp.web_app
     base_url = web_app.settings["base_url"]

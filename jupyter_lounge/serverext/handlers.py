@@ -169,7 +169,8 @@ class BackendsHandler(LoungeHandler):
     @authorized
     @answers_errors
     async def get(self) -> None:
-        self.reply(200, await self.manager.backends())
+        profile = self.get_argument("profile", None) or None  # ?profile=NAME: its defaults
+        self.reply(200, await self.manager.backends(profile))
 
 
 def routes(base_url: str) -> list[tuple[str, type]]:

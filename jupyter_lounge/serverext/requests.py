@@ -7,15 +7,14 @@ flag's do."""
 
 from __future__ import annotations
 
-from .. import validate
-from ..backends.options import BACKENDS, start_options
-from ..config import DEFAULT_BACKEND, DEFAULT_ENGINES, DEFAULT_TIMEOUT, settings
+from .. import defaults, validate
+from ..backends.options import BACKENDS, KIND_WORDS, start_options
+from ..config import settings
 from ..errors import LoungeError
 
 #: What a start request may hold besides each backend's options.
 START_KEYS = ("n", "backend", "engines", "pool", "preload", "name", "nodes", "timeout")
-#: How to say the type each backend option takes in a start request.
-OPTION_TYPES = {str: "a string", int: "a whole number", bool: "true or false"}
+START_KEYS += ("courtesy", "restart", "dashboard", "profile")
 
 
 def _engines_wanted(body: dict, example: int) -> int:
@@ -31,7 +30,9 @@ def backend_option_types() -> dict[str, type]:
 
 def start_request(body: dict) -> dict:
     """The Cluster arguments of a start request of the REST API (``POST clusters``), or a
-    LoungeError naming the first mistake."""
+    LoungeError naming the first mistake. What the body leaves out (or gives as null) takes
+    the server's defaults (``defaults``: the config, the inventory's ``[start]``, and
+    ``"profile"``'s set)."""
     if not isinstance(body, dict):
         raise LoungeError('The request body must be a JSON object, e.g. {"n": 4}.')
     types = backend_option_types()
@@ -41,33 +42,36 @@ def start_request(body: dict) -> dict:
             f"Unknown option {unknown[0]!r}: use {', '.join(START_KEYS)} or an option of "
             "the backend (GET /jupyter-lounge/backends lists them)."
         )
-    options = {
-        "n": _engines_wanted(body, 4),
-        "name": body.get("name"),
-        "backend": body.get("backend") or DEFAULT_BACKEND,
-        "engines": body.get("engines") or DEFAULT_ENGINES,
-        "nodes": body.get("nodes"),
-    }
-    preload = body.get("preload") or []
-    if not isinstance(preload, (str, list)) or not all(isinstance(m, str) for m in preload):
+    n = _engines_wanted(body, 4)
+    given = {key: body[key] for key in ("backend", "engines") if body.get(key)}
+    given["nodes"] = body.get("nodes")
+    preload = body.get("preload")
+    if preload is not None and (
+        not isinstance(preload, (str, list)) or not all(isinstance(m, str) for m in preload)
+    ):
         raise LoungeError(
             f'preload must be module names, e.g. "tensorflow,numpy", not {preload!r}.'
         )
+    given["preload"] = preload
     timeout = body.get("timeout")
     if timeout is not None and (
         isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
     ):
         raise LoungeError(f"The timeout must be a number of seconds above 0, not {timeout!r}.")
-    options["preload"], options["timeout"] = preload, timeout or DEFAULT_TIMEOUT
-    for key in sorted(set(types) & set(body)):
+    given["timeout"] = timeout
+    for key in sorted({"courtesy", "restart", "dashboard", *types} & set(body)):
         value = body[key]
         if value is None:
             continue
-        kind = types[key]
+        kind = types.get(key, bool)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise LoungeError(f"The option {key!r} must be {OPTION_TYPES[kind]}, not {value!r}.")
-        options[key] = value
-    return options
+            raise LoungeError(f"The option {key!r} must be {KIND_WORDS[kind]}, not {value!r}.")
+        given[key] = value
+    profile = body.get("profile")
+    if profile is not None and not isinstance(profile, str):
+        raise LoungeError(f"The option 'profile' must be {KIND_WORDS[str]}, not {profile!r}.")
+    found = defaults.resolve(given, profile=profile)
+    return {"n": n, "name": body.get("name"), **found.cluster_options()}
 
 
 def dry_run(body) -> bool:
@@ -77,7 +81,7 @@ def dry_run(body) -> bool:
         return False
     value = body.pop("dry_run")
     if not isinstance(value, bool):
-        raise LoungeError(f"The option 'dry_run' must be {OPTION_TYPES[bool]}, not {value!r}.")
+        raise LoungeError(f"The option 'dry_run' must be {KIND_WORDS[bool]}, not {value!r}.")
     return value
 
 

@@ -166,9 +166,13 @@ class ServerSession:
         """This machine, then the lounge inventory's nodes, each with its engines running."""
         return await self._survey().nodes()
 
-    async def backends(self) -> dict:
-        """Engine kinds and backends: whether each can be used here and its options."""
-        return await self._survey().backends()
+    async def backends(self, profile: str | None = None) -> dict:
+        """Engine kinds and backends: whether each can be used here and its options; and
+        the defaults of a start here (of ``profile``'s set), each with where it came from."""
+        from .. import defaults
+
+        found = await asyncio.to_thread(defaults.for_rest, profile)  # reads files
+        return {**await self._survey().backends(), **found}
 
     async def close(self) -> None:
         """Cancel starts in progress here and close every client (the clusters run on)."""

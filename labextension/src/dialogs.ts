@@ -9,6 +9,11 @@ import { Widget } from '@lumino/widgets';
 import {
   backendChoices,
   defaultBackend,
+  defaultCount,
+  defaultEngines,
+  defaultPool,
+  defaultPreload,
+  describeDefaults,
   IBackendsModel,
   IClusterModel,
   IStartForm,
@@ -58,14 +63,19 @@ function field(label: string, control: HTMLElement, hint?: HTMLElement): HTMLEle
   return node;
 }
 
-/** n, backend, engine kind, pool, preload and name of a new cluster. */
+/**
+ * n, backend, engine kind, pool, preload and name of a new cluster. It opens on the
+ * effective defaults the server sends with its backends (the IPython profile's, the
+ * server config's, the inventory's `[start]`) and says where the configured ones came
+ * from; a server that sends none gets the built-in ones.
+ */
 export class StartForm extends Widget implements Dialog.IBodyWidget<IStartForm> {
   constructor(backends: IBackendsModel) {
     super();
     this.addClass('jp-lounge-Form');
     this._backends = backends;
 
-    this._n = input('lounge-start-n', '4');
+    this._n = input('lounge-start-n', defaultCount(backends));
     this._n.inputMode = 'numeric';
 
     this._backend = select('lounge-start-backend');
@@ -78,13 +88,24 @@ export class StartForm extends Widget implements Dialog.IBodyWidget<IStartForm> 
     for (const kind of backends.engines) {
       this._engines.append(option(kind, kind));
     }
+    this._engines.value = defaultEngines(backends);
 
     this._pools = document.createElement('datalist');
     this._pools.id = `jp-lounge-pools-${++datalistCount}`;
-    this._pool = input('lounge-start-pool', '', 'any node');
+    this._pool = input(
+      'lounge-start-pool',
+      defaultPool(backends, this._backend.value),
+      'any node'
+    );
     this._pool.setAttribute('list', this._pools.id);
+    // Until the person types a pool, it follows the backend (a pool only where one is taken).
+    this._pool.addEventListener('input', () => (this._poolTyped = true), { once: true });
 
-    this._preload = input('lounge-start-preload', '', 'e.g. tensorflow,numpy');
+    this._preload = input(
+      'lounge-start-preload',
+      defaultPreload(backends),
+      'e.g. tensorflow,numpy'
+    );
     this._name = input('lounge-start-name', '', 'lounge-1, lounge-2, ... if blank');
 
     this._backendHint = document.createElement('span');
@@ -100,6 +121,22 @@ export class StartForm extends Widget implements Dialog.IBodyWidget<IStartForm> 
       field('Preload modules', this._preload),
       field('Name', this._name)
     );
+    const note = describeDefaults(backends);
+    if (note.text) {
+      const where = document.createElement('div');
+      where.className = 'jp-lounge-Defaults';
+      where.dataset.testid = 'lounge-start-defaults';
+      where.textContent = note.text;
+      where.title = note.title;
+      this.node.append(where);
+    }
+    if (backends.defaultsError) {
+      const error = document.createElement('div');
+      error.className = 'jp-lounge-Hint';
+      error.dataset.testid = 'lounge-start-defaults-error';
+      error.textContent = backends.defaultsError;
+      this.node.append(error);
+    }
     this._backendChanged();
   }
 
@@ -122,6 +159,9 @@ export class StartForm extends Widget implements Dialog.IBodyWidget<IStartForm> 
     this._pools.replaceChildren(
       ...poolsFor(this._backends, name).map(pool => option(pool, pool))
     );
+    if (!this._poolTyped) {
+      this._pool.value = defaultPool(this._backends, name);
+    }
   }
 
   private _backends: IBackendsModel;
@@ -131,6 +171,7 @@ export class StartForm extends Widget implements Dialog.IBodyWidget<IStartForm> 
   private _engines: HTMLSelectElement;
   private _pool: HTMLInputElement;
   private _pools: HTMLDataListElement;
+  private _poolTyped = false;
   private _preload: HTMLInputElement;
   private _name: HTMLInputElement;
 }

@@ -89,10 +89,23 @@ export interface IBackendModel {
   pools: string[];
 }
 
+/** One effective default of a start: its value and where it came from (`built-in`, or a
+ * file and line such as `/etc/lounge.toml line 12 ([start])`). */
+export interface IStartDefault {
+  value: unknown;
+  source: string;
+}
+
 /** `GET /jupyter-lounge/backends`. */
 export interface IBackendsModel {
   engines: string[];
   backends: IBackendModel[];
+  /** The effective default of each start option (`backend`, `engines`, `pool`, `preload`,
+   * `n`, `timeout`, ...); empty from a server that does not send them. */
+  defaults: Record<string, IStartDefault>;
+  /** Why the configured defaults could not be read (a config file's or the inventory's
+   * mistake: `defaults` then holds the built-in ones and a start is refused), or ''. */
+  defaultsError: string;
 }
 
 /** What the start dialog's fields hold, as typed. */
@@ -125,7 +138,9 @@ export const DEFAULT_BACKENDS: IBackendsModel = {
   engines: ['ipyparallel', 'dask'],
   backends: [
     { name: 'local', available: true, why: '', options: [], pools: [] }
-  ]
+  ],
+  defaults: {},
+  defaultsError: ''
 };
 
 // ---------------------------------------------------------------------------
@@ -255,6 +270,20 @@ export function parseNodes(body: unknown): INodeModel[] {
     .filter(n => n.name !== '');
 }
 
+/** The `defaults` object of `GET backends`: entries that are not `{value, source}`
+ * objects are dropped (a missing source reads as `built-in`). */
+export function parseDefaults(raw: unknown): Record<string, IStartDefault> {
+  const defaults: Record<string, IStartDefault> = {};
+  for (const [key, entry] of Object.entries(asObject(raw))) {
+    const d = asObject(entry);
+    if (!('value' in d)) {
+      continue;
+    }
+    defaults[key] = { value: d.value, source: asString(d.source).trim() || 'built-in' };
+  }
+  return defaults;
+}
+
 export function parseBackends(body: unknown): IBackendsModel {
   const engines = asStrings(asObject(body).engines);
   const backends = asList(body, 'backends')
@@ -271,7 +300,9 @@ export function parseBackends(body: unknown): IBackendsModel {
     .filter(b => b.name !== '');
   return {
     engines: engines.length ? engines : DEFAULT_BACKENDS.engines,
-    backends: backends.length ? backends : DEFAULT_BACKENDS.backends
+    backends: backends.length ? backends : DEFAULT_BACKENDS.backends,
+    defaults: parseDefaults(asObject(body).defaults),
+    defaultsError: asString(asObject(body).defaults_error).trim()
   };
 }
 
@@ -523,16 +554,145 @@ export function backendChoices(backends: IBackendsModel): IChoice[] {
   }));
 }
 
-/** The backend selected at first: the first available one. */
+/** A default's value as the text of a form field: a list as `a,b`, null as blank. */
+export function defaultText(value: unknown): string {
+  if (value === null || value === undefined) {
+    return '';
+  }
+  if (Array.isArray(value)) {
+    return value
+      .filter(v => v !== null && v !== undefined)
+      .map(v => String(v).trim())
+      .filter(Boolean)
+      .join(',');
+  }
+  if (typeof value === 'string') {
+    return value.trim();
+  }
+  if (typeof value === 'number' || typeof value === 'boolean') {
+    return String(value);
+  }
+  return '';
+}
+
+/** The text of one default, or '' when the server sent none. */
+function configured(backends: IBackendsModel, key: string): string {
+  const entry = backends.defaults[key];
+  return entry ? defaultText(entry.value) : '';
+}
+
+/**
+ * The backend selected at first: the configured default when the server names one it
+ * lists, else the first available one.
+ */
 export function defaultBackend(backends: IBackendsModel): string {
+  const wanted = configured(backends, 'backend');
+  if (wanted && backends.backends.some(b => b.name === wanted)) {
+    return wanted;
+  }
   const first = backends.backends.find(b => b.available) ?? backends.backends[0];
   return first ? first.name : 'local';
+}
+
+/** The engine kind selected at first: the configured default when it is one the server
+ * lists, else the first listed. */
+export function defaultEngines(backends: IBackendsModel): string {
+  const wanted = configured(backends, 'engines');
+  if (wanted && backends.engines.includes(wanted)) {
+    return wanted;
+  }
+  return backends.engines[0] ?? 'ipyparallel';
+}
+
+/** Whether a backend takes a pool (the ssh backend; a pool on another is refused). */
+export function takesPool(backends: IBackendsModel, backend: string): boolean {
+  const found = backends.backends.find(b => b.name === backend);
+  return !!found && (found.options.includes('pool') || found.pools.length > 0);
+}
+
+/** The pool field's text for a backend: the configured default pool where that backend
+ * takes a pool, else blank (any node). */
+export function defaultPool(backends: IBackendsModel, backend: string): string {
+  return takesPool(backends, backend) ? configured(backends, 'pool') : '';
+}
+
+/** The preload field's first text: `["tensorflow", "numpy"]` -> `tensorflow,numpy`. */
+export function defaultPreload(backends: IBackendsModel): string {
+  return normalizePreload(configured(backends, 'preload')) ?? '';
+}
+
+/** The engine count field's first text: the configured `n`, else 4. */
+export function defaultCount(backends: IBackendsModel): string {
+  return configured(backends, 'n') || '4';
 }
 
 /** Pools to suggest for a backend (the ssh backend lists the inventory's). */
 export function poolsFor(backends: IBackendsModel, backend: string): string[] {
   const found = backends.backends.find(b => b.name === backend);
   return found ? found.pools : [];
+}
+
+/** The last part of a path: `/etc/lounge.toml` -> `lounge.toml`. */
+function baseName(path: string): string {
+  const parts = path.split(/[\\/]/);
+  return parts[parts.length - 1] || path;
+}
+
+/**
+ * A source with its file shortened to the base name:
+ * `/home/u/.ipython/profile_default/ipython_config.py line 3` -> `ipython_config.py line 3`,
+ * `/etc/lounge.toml line 12 ([start])` -> `lounge.toml line 12 ([start])`. The text before
+ * ` line N` is taken whole as the file when it starts as a path does (a folder's name may
+ * hold spaces); otherwise each word that looks like a path is shortened.
+ */
+export function shortSource(source: string): string {
+  const s = source.trim();
+  const line = /^(.*?)(\s+line\s+\d+.*)$/s.exec(s);
+  if (line && /^(?:[A-Za-z]:|~|\.{1,2})?[\\/]/.test(line[1])) {
+    return baseName(line[1]) + line[2];
+  }
+  return s.replace(/(?:[A-Za-z]:|~|\.{1,2})?(?:[\\/][^\\/\s()[\]'"]+)+/g, path =>
+    baseName(path)
+  );
+}
+
+/** The "where from" line of the start dialog. */
+export interface IDefaultsNote {
+  /** `Defaults: backend, preload from ipython_config.py line 3; pool from lounge.toml
+   * line 13 ([start])`, or '' when every default is built in. */
+  text: string;
+  /** The same with each source in full (the line's tooltip). */
+  title: string;
+}
+
+/**
+ * Which defaults are configured, and where: grouped by source in the order the server
+ * lists them, the built-in ones left out.
+ */
+export function describeDefaults(backends: IBackendsModel): IDefaultsNote {
+  const groups = new Map<string, string[]>();
+  for (const [key, entry] of Object.entries(backends.defaults)) {
+    const source = entry.source.trim();
+    if (!source || source === 'built-in') {
+      continue;
+    }
+    const keys = groups.get(source);
+    if (keys) {
+      keys.push(key);
+    } else {
+      groups.set(source, [key]);
+    }
+  }
+  if (groups.size === 0) {
+    return { text: '', title: '' };
+  }
+  const parts = [...groups].map(([source, keys]) => [keys.join(', '), source]);
+  return {
+    text:
+      'Defaults: ' +
+      parts.map(([keys, source]) => `${keys} from ${shortSource(source)}`).join('; '),
+    title: parts.map(([keys, source]) => `${keys} from ${source}`).join('\n')
+  };
 }
 
 // ---------------------------------------------------------------------------

@@ -5,7 +5,13 @@ import {
   clusterStatusText,
   DEFAULT_BACKENDS,
   defaultBackend,
+  defaultCount,
+  defaultEngines,
+  defaultPool,
+  defaultPreload,
+  defaultText,
   describeCluster,
+  describeDefaults,
   describeNode,
   describeRun,
   IClusterModel,
@@ -20,7 +26,9 @@ import {
   parseNodes,
   parseRuns,
   poolsFor,
-  runKey
+  runKey,
+  shortSource,
+  takesPool
 } from '../model';
 
 /** The example answers of docs/rest-api.md. */
@@ -463,6 +471,177 @@ describe('backend choices', () => {
     expect(poolsFor(backends, 'ssh')).toEqual(['gpu']);
     expect(poolsFor(backends, 'local')).toEqual([]);
     expect(poolsFor(backends, 'nope')).toEqual([]);
+  });
+});
+
+/** The example `defaults` of docs/rest-api.md's `GET backends`. */
+const defaultsAnswer = {
+  backend: {
+    value: 'ssh',
+    source: '/home/u/.ipython/profile_default/ipython_config.py line 3'
+  },
+  engines: { value: 'ipyparallel', source: 'built-in' },
+  preload: {
+    value: ['tensorflow', 'numpy'],
+    source: '/home/u/.ipython/profile_default/ipython_config.py line 3'
+  },
+  pool: { value: 'gpu', source: '/etc/lounge.toml line 13 ([start])' },
+  timeout: { value: 120.0, source: 'built-in' },
+  nodes: { value: null, source: 'built-in' },
+  courtesy: { value: false, source: 'built-in' },
+  partition: { value: '', source: 'built-in' }
+};
+
+describe('start defaults', () => {
+  const configured = parseBackends({ ...backendsAnswer, defaults: defaultsAnswer });
+  const older = parseBackends(backendsAnswer);
+  /** The answer of a server whose defaults set only ``name``, to ``value``. */
+  const withDefault = (name: string, value: unknown, source = 'x line 1') =>
+    parseBackends({ ...backendsAnswer, defaults: { [name]: { value, source } } });
+
+  it('reads the defaults, dropping entries without a value', () => {
+    expect(older.defaults).toEqual({});
+    expect(older.defaultsError).toBe('');
+    expect(configured.defaultsError).toBe('');
+    expect(configured.defaults.pool).toEqual({
+      value: 'gpu',
+      source: '/etc/lounge.toml line 13 ([start])'
+    });
+    expect(configured.defaults.nodes).toEqual({ value: null, source: 'built-in' });
+    expect(
+      parseBackends({
+        defaults: { n: 8, pool: { source: 'x' }, name: { value: 'a' }, bad: null }
+      }).defaults
+    ).toEqual({ name: { value: 'a', source: 'built-in' } });
+    expect(parseBackends({ defaults: ['backend'] }).defaults).toEqual({});
+  });
+
+  it('opens on the configured backend when the server lists it', () => {
+    expect(defaultBackend(configured)).toBe('ssh');
+    // an unavailable one too: starting on it gives the server's sentence
+    const slurm = withDefault('backend', 'slurm');
+    expect(defaultBackend(slurm)).toBe('slurm');
+    // one it does not list: today's rule (the first available)
+    const unknown = withDefault('backend', 'k8s');
+    expect(defaultBackend(unknown)).toBe('local');
+    expect(defaultBackend(older)).toBe('local');
+  });
+
+  it('opens on the configured engine kind when the server lists it', () => {
+    const dask = withDefault('engines', 'dask');
+    expect(defaultEngines(dask)).toBe('dask');
+    expect(defaultEngines(configured)).toBe('ipyparallel');
+    const unknown = withDefault('engines', 'ray');
+    expect(defaultEngines(unknown)).toBe('ipyparallel');
+    expect(defaultEngines(older)).toBe('ipyparallel');
+  });
+
+  it('fills the pool only for a backend that takes one', () => {
+    expect(takesPool(configured, 'ssh')).toBe(true);
+    expect(takesPool(configured, 'local')).toBe(false);
+    expect(takesPool(configured, 'nope')).toBe(false);
+    expect(defaultPool(configured, 'ssh')).toBe('gpu');
+    expect(defaultPool(configured, 'local')).toBe('');
+    expect(defaultPool(configured, 'slurm')).toBe('');
+    expect(defaultPool(older, 'ssh')).toBe('');
+  });
+
+  it('shows the preload list as the text field types it', () => {
+    expect(defaultPreload(configured)).toBe('tensorflow,numpy');
+    expect(defaultPreload(older)).toBe('');
+    const text = withDefault('preload', ' json, os ');
+    expect(defaultPreload(text)).toBe('json,os');
+    const empty = withDefault('preload', [], 'built-in');
+    expect(defaultPreload(empty)).toBe('');
+    // and the start it sends holds what the field holds
+    expect(
+      buildStartRequest({
+        n: defaultCount(configured),
+        backend: defaultBackend(configured),
+        engines: defaultEngines(configured),
+        pool: defaultPool(configured, 'ssh'),
+        preload: defaultPreload(configured),
+        name: ''
+      })
+    ).toEqual({
+      n: 4,
+      backend: 'ssh',
+      engines: 'ipyparallel',
+      pool: 'gpu',
+      preload: 'tensorflow,numpy',
+      name: null
+    });
+  });
+
+  it('opens on 4 engines unless n is configured', () => {
+    expect(defaultCount(older)).toBe('4');
+    expect(defaultCount(withDefault('n', 16))).toBe('16');
+    expect(defaultCount(withDefault('n', null))).toBe('4');
+  });
+
+  it('turns a value into the text of a field', () => {
+    expect(defaultText(['a', ' b ', '', null])).toBe('a,b');
+    expect(defaultText(null)).toBe('');
+    expect(defaultText(undefined)).toBe('');
+    expect(defaultText(' x ')).toBe('x');
+    expect(defaultText(120.5)).toBe('120.5');
+    expect(defaultText(false)).toBe('false');
+    expect(defaultText({ a: 1 })).toBe('');
+  });
+
+  it('shortens a source to its file base name', () => {
+    expect(shortSource('/home/u/.ipython/profile_default/ipython_config.py line 3')).toBe(
+      'ipython_config.py line 3'
+    );
+    expect(shortSource('/etc/lounge.toml line 12 ([start])')).toBe(
+      'lounge.toml line 12 ([start])'
+    );
+    expect(shortSource('/home/u/My Documents/lounge.toml line 2 ([start])')).toBe(
+      'lounge.toml line 2 ([start])'
+    );
+    expect(shortSource('C:\\Users\\ana\\.ipython\\profile_default\\ipython_config.py line 7')).toBe(
+      'ipython_config.py line 7'
+    );
+    expect(shortSource('built-in')).toBe('built-in');
+    expect(shortSource('jupyter_server_config.py line 4')).toBe(
+      'jupyter_server_config.py line 4'
+    );
+    expect(shortSource('the inventory /etc/lounge.toml ([start])')).toBe(
+      'the inventory lounge.toml ([start])'
+    );
+    expect(shortSource('$JUPYTER_LOUNGE_INVENTORY=/srv/x/lounge.toml line 5')).toBe(
+      '$JUPYTER_LOUNGE_INVENTORY=lounge.toml line 5'
+    );
+  });
+
+  it('says where the configured defaults came from, grouped by source', () => {
+    expect(describeDefaults(configured)).toEqual({
+      text:
+        'Defaults: backend, preload from ipython_config.py line 3; ' +
+        'pool from lounge.toml line 13 ([start])',
+      title:
+        'backend, preload from /home/u/.ipython/profile_default/ipython_config.py line 3\n' +
+        'pool from /etc/lounge.toml line 13 ([start])'
+    });
+  });
+
+  it('reads why the configured defaults could not be read', () => {
+    const broken = parseBackends({
+      ...backendsAnswer,
+      defaults: { backend: { value: 'local', source: 'built-in' } },
+      defaults_error: "/etc/lounge.toml line 4: [start] has no option 'engine'. "
+    });
+    expect(broken.defaultsError).toBe("/etc/lounge.toml line 4: [start] has no option 'engine'.");
+    expect(describeDefaults(broken).text).toBe('');
+    expect(parseBackends({ defaults_error: null }).defaultsError).toBe('');
+  });
+
+  it('says nothing when every default is built in, or none was sent', () => {
+    const builtIn = parseBackends({
+      defaults: { backend: { value: 'local', source: 'built-in' }, n: { value: 4 } }
+    });
+    expect(describeDefaults(builtIn)).toEqual({ text: '', title: '' });
+    expect(describeDefaults(older)).toEqual({ text: '', title: '' });
   });
 });
 
