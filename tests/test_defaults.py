@@ -482,3 +482,49 @@ async def test_a_rest_start_takes_the_servers_defaults(jp_fetch, jp_serverapp, f
 def test_the_readme_shows_the_defaults():
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert "## Defaults for every start" in text and "lounge config" in text
+
+
+def test_the_configured_backend_and_its_options_reach_slurm(files, lounge_dir):
+    """The configured backend is not the built-in one: `lounge start 2` with a profile that
+    says Slurm, one engine a node and a preload runs on two testbed nodes, in one job, with
+    the preload imported; `--engines-per-node 2` on the same command puts both on one node."""
+    import socket
+
+    from .conftest import slurm_testbed_problem, wait_until
+
+    problem = slurm_testbed_problem()
+    if problem:
+        pytest.skip(problem)
+    files.profile.write_text(
+        'c.Lounge.backend = "slurm"\nc.Lounge.preload = "colorsys,wave"\n'
+        "c.SlurmBackend.engines_per_node = 1\n"
+    )
+
+    def squeue() -> list[str]:
+        out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True)
+        return out.stdout.split()
+
+    def hosts(cluster) -> list[str]:
+        df = cluster.map(lambda _: socket.gethostname(), range(8), progress=False)
+        return sorted(set(df.result))
+
+    shown = lounge("config").stdout
+    assert f"{files.profile} line 1" in next(
+        line for line in shown.splitlines() if line.startswith("backend ")
+    ), shown
+    for flags, nodes in (((), 2), (("--engines-per-node", "2"), 1)):
+        out = lounge("start", "2", "--name", "slurmy", "--wait", *flags, timeout=240)
+        try:
+            assert out.returncode == 0, out.stderr
+            data = state.load_state("slurmy")
+            assert (data["backend"], data["preload"]) == ("slurm", MODULES), data
+            assert len(squeue()) == 1
+            cluster = Lounge.attach("slurmy")
+            assert len(hosts(cluster)) == nodes and preloaded(cluster) == [MODULES] * 2
+            cluster.disconnect()
+        finally:
+            stopped = lounge("stop", "slurmy")
+        assert stopped.returncode == 0, stopped.stderr
+        wait_until(lambda: squeue() == [], 30, "the job of 'slurmy' to leave squeue")
+    assert state.list_states() == []
+    assert processes_under(str(lounge_dir)) == []
