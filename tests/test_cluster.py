@@ -242,6 +242,50 @@ def test_tensorflow_preloaded_runs_an_op_in_every_engine(kind):
         cluster.stop_sync()
 
 
+def test_an_ipyparallel_engine_takes_what_its_agent_made_before_the_fork():
+    """IPythonKernel lists every loaded module's file and IPython keeps their names: walks
+    that, made in each forked engine, copied 23 MiB of the agent's pages into it (smaps). The
+    agent lists them once before the fork, in objects of its own; the kernel holds what its
+    walks would have found, from those lists, and the modules read the real sys again. The
+    engine application too is initialized by the agent: each engine still has a session id
+    of its own and signs as its own process (a message sent with the agent's pid is refused
+    by ZMQ's fork check)."""
+    cluster = Lounge(2, preload="json,decimal", wait=True).start_sync()
+    try:
+
+        def seen():
+            import decimal
+            import sys
+
+            import ipykernel.ipkernel
+            import IPython.core.shellapp
+            from IPython import get_ipython
+
+            shell = get_ipython()
+            files, names = shell.kernel._kernel_modules, shell._sys_modules_keys
+            return (
+                decimal.__file__ in files,  # what the walk would find
+                any(f is decimal.__file__ for f in files),  # ... but not the module's own
+                {"decimal", "json", "ipykernel"} <= names and type(names) is set,
+                ipykernel.ipkernel.sys is sys and IPython.core.shellapp.sys is sys,
+            )
+
+        def session():
+            import os
+
+            from ipyparallel.engine.app import IPEngine
+
+            app = IPEngine.instance()
+            return app.lounge_initialized, app.session.pid == os.getpid(), app.session.session
+
+        assert run_everywhere(cluster, seen) == [(True, False, True, True)] * 2
+        made = run_everywhere(cluster, session)
+        assert [m[:2] for m in made] == [(True, True)] * 2, made
+        assert len({m[2] for m in made}) == 2, made  # a session id each
+    finally:
+        cluster.stop_sync()
+
+
 def test_controller_lost_takes_engines_down(kind, pids_of):
     from jupyter_lounge.procs import alive
 

@@ -142,3 +142,40 @@ def test_doctor_runs_tensorflow_in_an_engine_forked_as_the_agent_forks_them():
     )
     ok, detail = _tensorflow_row(said | {"fork": "threads ['loader'] are running"}, gpus=0)
     assert not ok and "cannot be: threads ['loader'] are running after import tensorflow" in detail
+
+
+_ABC_CACHES = """
+import _abc, collections.abc, sys
+import traitlets.config  # noqa: F401 - more subclasses of Mapping, as an agent has
+from jupyter_lounge import node
+
+def caches():
+    seen, todo = {}, [collections.abc.Mapping, collections.abc.Sequence]
+    while todo:
+        cls = todo.pop()
+        if cls not in seen and hasattr(cls, "_abc_impl"):
+            seen[cls] = {r() for part in _abc._get_dump(cls)[:3] for r in part}
+            todo += type.__subclasses__(cls)
+    return seen
+
+if sys.argv[1] == "warm":
+    node._warm_abc_caches()
+before = caches()
+isinstance((), collections.abc.Mapping), isinstance("", collections.abc.Mapping)
+isinstance(None, collections.abc.Sequence)
+print(sum(len(caches()[c] - before[c]) for c in before))
+"""
+
+
+@pytest.mark.fast
+def test_the_agent_asks_the_common_abc_questions_before_it_forks():
+    """Asking whether () is a Mapping walks every subclass of Mapping and writes each one's
+    cache: in a forked engine, pages of the agent copied into every engine. After the
+    agent's _warm_abc_caches, the questions an engine asks first change no cache."""
+    out = {}
+    for how in ("cold", "warm"):
+        run = [sys.executable, "-c", _ABC_CACHES, how]
+        got = subprocess.run(run, capture_output=True, text=True, timeout=120)
+        assert got.returncode == 0, got.stderr
+        out[how] = int(got.stdout)
+    assert out["cold"] > 10 and out["warm"] == 0, out

@@ -61,9 +61,10 @@ class EngineKind:
         """Host and TCP port the agent probes to notice that its controller is gone."""
         raise NotImplementedError
 
-    def prepare(self, connection: dict, options: dict) -> None:
+    def prepare(self, connection: dict, options: dict, connection_file: str = "") -> None:
         """Once the controller is known, before the first fork: what every engine would
-        otherwise make for itself (no thread, no ZMQ context)."""
+        otherwise make for itself (no thread, no ZMQ context). ``connection_file`` is the
+        file ``connection`` was read from."""
 
     def serve_node(self, connection: dict, options: dict, ready_fd: int) -> None:
         """*agent*, in a child forked before the engines: a per-node service the engines
