@@ -308,6 +308,39 @@ def test_a_bad_default_does_not_stop_a_stop_but_a_bad_limit_says_where(places):
 
 
 @pytest.mark.fast
+def test_the_servers_config_file_wins_and_its_mistake_names_its_line(places, monkeypatch):
+    """In the server, jupyter_server_config.py (the files the server read) sits over the
+    profile: its value wins with its file and line, and its mistake is one sentence naming
+    them, in GET backends' defaults_error and as a start's 400."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from jupyter_lounge.serverext import requests
+
+    server = places.ipython / "jupyter_server_config.py"
+
+    def serve(lines: str) -> None:
+        server.write_text(f"c = get_config()  # noqa\nc.ServerApp.port = 0\n{lines}")
+        loaded = PyFileConfigLoader(server.name, str(server.parent)).load_config()
+        monkeypatch.setattr(config, "_server_config", loaded)
+        monkeypatch.setattr(config, "_server_files", [str(server)])
+
+    serve('c.Lounge.backend = "slurm"\n')
+    shown = defaults.for_rest()
+    assert shown["defaults_error"] is None, shown
+    assert shown["defaults"]["backend"] == {"value": "slurm", "source": f"{server} line 3"}
+    assert shown["defaults"]["engines"] == {"value": "dask", "source": f"{places.profile} line 3"}
+    serve('c.Lounge.courtesy = True\nc.Lounge.backend = "slurmm"\n')
+    sentence = (
+        f"{server} line 4: c.Lounge.backend is 'slurmm', which is not a backend: use one of "
+        "local, slurm, ssh."
+    )
+    assert defaults.for_rest()["defaults_error"] == sentence
+    with pytest.raises(LoungeError) as info:
+        requests.start_request({"n": 2})
+    assert str(info.value) == sentence
+
+
+@pytest.mark.fast
 def test_an_inventory_others_may_change_gives_no_defaults(places):
     places.inventory.chmod(0o666)
     with pytest.raises(LoungeError, match="can be changed by someone other than you or root"):
