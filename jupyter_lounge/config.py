@@ -101,15 +101,16 @@ def load_config() -> Config:
     return shell.config if shell is not None else profile_config()
 
 
-def settings() -> Lounge:
-    """The limits in effect here (``c.Lounge.max_engines``, ``c.Lounge.max_timeout``).
+def settings(config: Config | None = None) -> Lounge:
+    """The limits in effect here (``c.Lounge.max_engines``, ``c.Lounge.max_timeout``), read
+    from ``config`` where the caller has loaded it already (else ``load_config()``).
 
     Only the limits are read from the config: the defaults of a start are read, and each
     checked with its file and line, by ``defaults``, so a mistake there cannot stop a
     ``lounge stop``. A limit of the wrong type is one sentence naming where it was set."""
     from traitlets import TraitError
 
-    config = load_config()
+    config = load_config() if config is None else config
     section = config["Lounge"] if "Lounge" in config else {}
     limits = Config({"Lounge": {k: v for k, v in section.items() if k in LIMIT_KEYS}})
     try:
@@ -117,7 +118,7 @@ def settings() -> Lounge:
     except TraitError:
         from .defaults import config_error
 
-        raise config_error(config, limits["Lounge"]) from None
+        raise config_error(limits["Lounge"]) from None
 
 
 def config_files() -> list[str]:

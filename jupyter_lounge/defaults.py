@@ -65,11 +65,6 @@ def option_names(rest: bool = False) -> list[str]:
     ]
 
 
-def start_table_keys() -> list[str]:
-    """The keys an inventory's ``[start]`` (or ``[start.NAME]``) may hold."""
-    return option_names()
-
-
 @dataclass
 class Defaults:
     settings: dict[str, Setting]  # every start option and every backend config option
@@ -143,12 +138,12 @@ def built_in() -> Defaults:
     return Defaults(settings)
 
 
-def resolve(given: dict | None = None, profile: str | None = None, config=None) -> Defaults:
+def resolve(given: dict | None = None, profile: str | None = None) -> Defaults:
     """The defaults of a start in this process, with ``given`` (flags, REST fields; None:
-    not given) over them and ``profile``'s set under those; ``config`` replaces the
-    traitlets config in effect (``load_config()``). A mistake is one LoungeError."""
+    not given) over them and ``profile``'s set under those. A mistake is one LoungeError."""
     settings = dict(built_in().settings)
-    limits = lounge_config.settings()
+    config = lounge_config.load_config()  # read once: the limits and the defaults
+    limits = lounge_config.settings(config)
     table = _inventory()
     if table is not None:
         base = {k: v for k, v in table.table.items() if not isinstance(v, dict)}
@@ -158,8 +153,6 @@ def resolve(given: dict | None = None, profile: str | None = None, config=None) 
                 where = table.where.in_table(f"start.{name}").rpartition(" ([")[0]
                 _check_profile_name(name, where)
                 _from_table(named, f"start.{name}", table, limits)
-    if config is None:
-        config = lounge_config.load_config()
     settings.update(_from_config(config, settings, None, limits))
     if profile:
         settings.update(_profile(profile, table, settings, limits))
@@ -195,7 +188,7 @@ def _inventory():
 
 def _from_table(values: dict, name: str, table, limits) -> dict[str, Setting]:
     """The settings of the inventory's table ``[name]`` (``start`` or ``start.NAME``)."""
-    known = start_table_keys()
+    known = option_names()  # what an inventory's [start] or [start.NAME] may hold
     found = {}
     for key, value in values.items():
         here = table.where.in_table(name, key)  # its source: "<file> line N ([start])"
@@ -218,11 +211,12 @@ def _from_config(config, lower: dict[str, Setting], files: list[str] | None, lim
     each with the file and line it was set at: in ``files`` (a profile's), or where the
     config in effect here was read from (``files`` None)."""
     found = {}
+    texts: dict[str, str | None] = {}  # each file read once, whatever number of keys it sets
     section = _section(config, "Lounge")
     known = (*START_KEYS, *lounge_config.LIMIT_KEYS)
     for key in section:
         if key not in known:
-            where = _locate("Lounge", key, files)
+            where = _locate("Lounge", key, files, texts)
             raise LoungeError(
                 f"{where}: c.Lounge.{key} is not an option of jupyter_lounge: use one of "
                 f"{', '.join(f'c.Lounge.{k}' for k in known)}."
@@ -233,7 +227,7 @@ def _from_config(config, lower: dict[str, Setting], files: list[str] | None, lim
         values = _section(config, owner)
         if key not in values:
             continue
-        where = _locate(owner, key, files)
+        where = _locate(owner, key, files, texts)
         value = _lazy(values[key], lower[key].value)
         found[key] = Setting(_checked(key, value, f"c.{owner}.{key}", where, limits), where)
     return found
@@ -371,10 +365,12 @@ def _literal(value: Any) -> str:
 
 
 # -- where a config value was set ----------------------------------------------------------
-def _locate(owner: str, key: str, files: list[str] | None) -> str:
+def _locate(owner: str, key: str, files: list[str] | None, texts: dict | None = None) -> str:
     """``<file> line N`` where ``c.<owner>.<key>`` is set: in ``files``, or in the files the
     config in effect here was read from, the one read last first; the file alone where no
-    line says it; what config it is where no file does."""
+    line says it; what config it is where no file does. ``texts``: the files read so far
+    (path -> text, None where unreadable), so a file is read once for all its keys."""
+    texts = {} if texts is None else texts
     if files is None:
         server = lounge_config.server_config()
         if server is not None:  # the server's own config, or the profile's under it
@@ -383,20 +379,26 @@ def _locate(owner: str, key: str, files: list[str] | None) -> str:
         else:
             files = lounge_config.config_files()
     for path in reversed(files):
-        line = _line_in(path, owner, key)
+        if path not in texts:
+            texts[path] = _read_text(path)
+        line = None if texts[path] is None else _line_in(texts[path], path, owner, key)
         if line is not None:
             return f"{path} line {line}" if line else path
     return lounge_config.config_label()
 
 
-def _line_in(path: str, owner: str, key: str) -> int | None:
-    """The line of ``path`` that sets ``c.<owner>.<key>`` (the last one), 0 when the file
-    names both but no line sets it plainly, None when it does not name them."""
+def _read_text(path: str) -> str | None:
     try:
         with open(path) as f:
-            text = f.read()
+            return f.read()
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def _line_in(text: str, path: str, owner: str, key: str) -> int | None:
+    """The line of the file ``path`` (its ``text``) that sets ``c.<owner>.<key>`` (the last
+    one), 0 when the file names both but no line sets it plainly, None when it does not name
+    them."""
     lines = text.splitlines()
     if path.endswith(".json"):
         try:
@@ -422,7 +424,7 @@ def _line_in(path: str, owner: str, key: str) -> int | None:
     return None
 
 
-def config_error(config, section: dict) -> LoungeError:
+def config_error(section: dict) -> LoungeError:
     """The sentence for a limit of the wrong type in ``c.Lounge`` (``settings()``)."""
     from traitlets import TraitError
 

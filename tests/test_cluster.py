@@ -5,6 +5,7 @@ testbed). The rest reach into local processes (kill an engine by pid, and so on)
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -537,6 +538,7 @@ def test_the_nanny_gives_an_engine_its_relay_only_once_the_controller_can_reach_
     ctx = zmq.Context()
     try:
         with os.fdopen(ready_r, "rb") as ready:
+            assert select.select([ready], [], [], 60)[0], "the nanny did not say it was ready"
             nanny_url = _json.loads(ready.readline())["nanny_url"]
 
         def attach(control_url: str) -> dict:

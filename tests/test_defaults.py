@@ -534,7 +534,9 @@ def test_the_configured_backend_and_its_options_reach_slurm(files, lounge_dir):
     )
 
     def squeue() -> list[str]:
-        out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True)
+        out = subprocess.run(
+            ["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30
+        )
         return out.stdout.split()
 
     def hosts(cluster) -> list[str]:

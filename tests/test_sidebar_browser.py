@@ -11,6 +11,7 @@ and the code that loads a run's DataFrame inserted and run. Screenshots go to ``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -133,6 +134,27 @@ def _api(url: str, token: str, path: str) -> dict:
         return json.loads(r.read())
 
 
+@contextlib.contextmanager
+def _lab_page(failure_shot: str = ""):
+    """A page of headless Chromium (1400 x 900, 60 s for each step unless told); when the
+    test fails in it, a screenshot ARTIFACTS/``failure_shot`` first; the browser closed after."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(60_000)
+        try:
+            yield page
+        except BaseException:
+            if failure_shot:
+                page.screenshot(path=str(ARTIFACTS / failure_shot))
+            raise
+        finally:
+            browser.close()
+
+
 def _stop_if_left(url: str, token: str, name: str) -> None:
     """Stop a cluster a failed test left running (token auth needs no XSRF)."""
     request = urllib.request.Request(
@@ -149,110 +171,89 @@ def _stop_if_left(url: str, token: str, name: str) -> None:
 
 @pytest.mark.slow
 def test_sidebar_starts_scales_connects_and_stops_clusters(lab, lounge_dir):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, token, _ = lab
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(60_000)
-        try:
-            page.goto(f"{url}/lab/tree/sweep.ipynb?token={token}")
-            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
-            # the kernel must be idle before we run cells in it
-            expect(
-                page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
-            ).to_be_visible(timeout=120_000)
-            tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="jupyter-lounge-sidebar"]')
-            tab.click()
-            sidebar = page.locator("#jupyter-lounge-sidebar")
-            expect(sidebar).to_be_visible()
-            expect(sidebar.locator('[data-testid="lounge-node-row"]').first).to_be_visible()
+    with _lab_page("sidebar-failure.png") as page:
+        sidebar = _open_sidebar(page, url, token)  # its kernel idle before we run cells in it
+        expect(sidebar.locator('[data-testid="lounge-node-row"]').first).to_be_visible()
 
-            # start a 4-engine local cluster from the dialog
-            sidebar.locator('[data-testid="lounge-start"]').click()
-            page.locator('[data-testid="lounge-start-n"]').fill("4")
-            page.locator('[data-testid="lounge-start-backend"]').select_option("local")
-            page.locator('[data-testid="lounge-start-engines"]').select_option("ipyparallel")
-            page.locator('[data-testid="lounge-start-name"]').fill("from-sidebar")
+        # start a 4-engine local cluster from the dialog
+        sidebar.locator('[data-testid="lounge-start"]').click()
+        page.locator('[data-testid="lounge-start-n"]').fill("4")
+        page.locator('[data-testid="lounge-start-backend"]').select_option("local")
+        page.locator('[data-testid="lounge-start-engines"]').select_option("ipyparallel")
+        page.locator('[data-testid="lounge-start-name"]').fill("from-sidebar")
+        page.locator(".jp-Dialog-button.jp-mod-accept").click()
+        row = sidebar.locator('[data-testid="lounge-cluster-row"][data-cluster="from-sidebar"]')
+        expect(row.locator('[data-testid="lounge-cluster-ready"]')).to_have_text(
+            "4/4", timeout=120_000
+        )
+        sidebar.screenshot(path=str(ARTIFACTS / "sidebar-ready.png"))
+
+        # scale to 6
+        row.locator('[data-testid="lounge-scale"]').click()
+        page.locator('[data-testid="lounge-scale-n"]').fill("6")
+        page.locator(".jp-Dialog-button.jp-mod-accept").click()
+        expect(row.locator('[data-testid="lounge-cluster-ready"]')).to_have_text(
+            "6/6", timeout=120_000
+        )
+
+        # insert the connect code below the active cell and run it, then use the client
+        page.locator(".jp-Notebook .jp-Cell").first.click()
+        row.locator('[data-testid="lounge-insert"]').click()
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        expect(cells).to_have_count(2)
+        expect(cells.nth(1)).to_contain_text('Lounge.attach("from-sidebar")')
+        cells.nth(1).locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")  # runs it and adds a cell below
+        new = page.locator(".jp-Notebook .jp-Cell").nth(2)
+        new.locator(".cm-content").click()
+        page.keyboard.type("print('engines', len(client.ids))")
+        page.keyboard.press("Shift+Enter")
+        expect(new.locator(".jp-OutputArea-output")).to_contain_text("engines 6", timeout=120_000)
+
+        # work running on every engine; Interrupt stops it and the cluster stays
+        busy = page.locator(".jp-Notebook .jp-Cell").nth(3)
+        busy.locator(".cm-content").click()
+        page.keyboard.type("r = client[:].apply_async(__import__('time').sleep, 300)")
+        page.keyboard.press("Shift+Enter")
+        expect(busy.locator(".jp-InputArea-prompt")).to_contain_text("[3]")
+        row.locator('[data-testid="lounge-interrupt"]').click()
+        expect(page.get_by_text("Interrupted 6 engines of 'from-sidebar'")).to_be_visible()
+        check = page.locator(".jp-Notebook .jp-Cell").nth(4)
+        check.locator(".cm-content").click()
+        page.keyboard.type(
+            "r.wait(30); print('interrupted', [type(x).__name__ + ('KeyboardInterrupt' in "
+            "str(x)) * ':KI' for x in r.get(return_exceptions=True)])"
+        )
+        page.keyboard.press("Shift+Enter")
+        expect(check.locator(".jp-OutputArea-output")).to_contain_text(
+            "interrupted " + str(["RemoteError:KI"] * 6), timeout=60_000
+        )
+        expect(row.locator('[data-testid="lounge-cluster-ready"]')).to_have_text("6/6")
+
+        # a cluster started by %lounge in the kernel shows up in the sidebar
+        last = page.locator(".jp-Notebook .jp-Cell").nth(5)
+        last.locator(".cm-content").click()
+        page.keyboard.type("%load_ext jupyter_lounge\n%lounge start 2 --name from-kernel")
+        page.keyboard.press("Shift+Enter")
+        kernel_row = sidebar.locator(
+            '[data-testid="lounge-cluster-row"][data-cluster="from-kernel"]'
+        )
+        expect(kernel_row).to_be_visible(timeout=120_000)
+        expect(kernel_row.locator('[data-testid="lounge-cluster-ready"]')).to_have_text(
+            "2/2", timeout=120_000
+        )
+        page.screenshot(path=str(ARTIFACTS / "lab-with-sidebar.png"))
+        sidebar.screenshot(path=str(ARTIFACTS / "sidebar-two-clusters.png"))
+
+        # stop both from the sidebar; they disappear
+        for r in (row, kernel_row):
+            r.locator('[data-testid="lounge-stop"]').click()
             page.locator(".jp-Dialog-button.jp-mod-accept").click()
-            row = sidebar.locator('[data-testid="lounge-cluster-row"][data-cluster="from-sidebar"]')
-            expect(row.locator('[data-testid="lounge-cluster-ready"]')).to_have_text(
-                "4/4", timeout=120_000
-            )
-            sidebar.screenshot(path=str(ARTIFACTS / "sidebar-ready.png"))
-
-            # scale to 6
-            row.locator('[data-testid="lounge-scale"]').click()
-            page.locator('[data-testid="lounge-scale-n"]').fill("6")
-            page.locator(".jp-Dialog-button.jp-mod-accept").click()
-            expect(row.locator('[data-testid="lounge-cluster-ready"]')).to_have_text(
-                "6/6", timeout=120_000
-            )
-
-            # insert the connect code below the active cell and run it, then use the client
-            page.locator(".jp-Notebook .jp-Cell").first.click()
-            row.locator('[data-testid="lounge-insert"]').click()
-            cells = page.locator(".jp-Notebook .jp-Cell")
-            expect(cells).to_have_count(2)
-            expect(cells.nth(1)).to_contain_text('Lounge.attach("from-sidebar")')
-            cells.nth(1).locator(".cm-content").click()
-            page.keyboard.press("Shift+Enter")  # runs it and adds a cell below
-            new = page.locator(".jp-Notebook .jp-Cell").nth(2)
-            new.locator(".cm-content").click()
-            page.keyboard.type("print('engines', len(client.ids))")
-            page.keyboard.press("Shift+Enter")
-            expect(new.locator(".jp-OutputArea-output")).to_contain_text(
-                "engines 6", timeout=120_000
-            )
-
-            # work running on every engine; Interrupt stops it and the cluster stays
-            busy = page.locator(".jp-Notebook .jp-Cell").nth(3)
-            busy.locator(".cm-content").click()
-            page.keyboard.type("r = client[:].apply_async(__import__('time').sleep, 300)")
-            page.keyboard.press("Shift+Enter")
-            expect(busy.locator(".jp-InputArea-prompt")).to_contain_text("[3]")
-            row.locator('[data-testid="lounge-interrupt"]').click()
-            expect(page.get_by_text("Interrupted 6 engines of 'from-sidebar'")).to_be_visible()
-            check = page.locator(".jp-Notebook .jp-Cell").nth(4)
-            check.locator(".cm-content").click()
-            page.keyboard.type(
-                "r.wait(30); print('interrupted', [type(x).__name__ + ('KeyboardInterrupt' in "
-                "str(x)) * ':KI' for x in r.get(return_exceptions=True)])"
-            )
-            page.keyboard.press("Shift+Enter")
-            expect(check.locator(".jp-OutputArea-output")).to_contain_text(
-                "interrupted " + str(["RemoteError:KI"] * 6), timeout=60_000
-            )
-            expect(row.locator('[data-testid="lounge-cluster-ready"]')).to_have_text("6/6")
-
-            # a cluster started by %lounge in the kernel shows up in the sidebar
-            last = page.locator(".jp-Notebook .jp-Cell").nth(5)
-            last.locator(".cm-content").click()
-            page.keyboard.type("%load_ext jupyter_lounge\n%lounge start 2 --name from-kernel")
-            page.keyboard.press("Shift+Enter")
-            kernel_row = sidebar.locator(
-                '[data-testid="lounge-cluster-row"][data-cluster="from-kernel"]'
-            )
-            expect(kernel_row).to_be_visible(timeout=120_000)
-            expect(kernel_row.locator('[data-testid="lounge-cluster-ready"]')).to_have_text(
-                "2/2", timeout=120_000
-            )
-            page.screenshot(path=str(ARTIFACTS / "lab-with-sidebar.png"))
-            sidebar.screenshot(path=str(ARTIFACTS / "sidebar-two-clusters.png"))
-
-            # stop both from the sidebar; they disappear
-            for r in (row, kernel_row):
-                r.locator('[data-testid="lounge-stop"]').click()
-                page.locator(".jp-Dialog-button.jp-mod-accept").click()
-                expect(r).to_have_count(0, timeout=120_000)
-            expect(sidebar.locator('[data-testid="lounge-error"]')).to_have_text("")
-        except BaseException:
-            page.screenshot(path=str(ARTIFACTS / "sidebar-failure.png"))
-            raise
-        finally:
-            browser.close()
+            expect(r).to_have_count(0, timeout=120_000)
+        expect(sidebar.locator('[data-testid="lounge-error"]')).to_have_text("")
     assert _api(url, token, "clusters")["clusters"] == []
     deadline = time.monotonic() + 15
     while processes_under(str(lounge_dir)) and time.monotonic() < deadline:
@@ -284,7 +285,7 @@ def _open_sidebar(page, url: str, token: str, notebook: bool = True):
 def test_sidebar_shows_runs_cancels_one_and_inserts_its_load_code(lab):
     """A kernel's runs under its cluster: a done one with its progress, a long one cancelled
     from the sidebar, and the done one's DataFrame loaded by the code the sidebar inserts."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     from jupyter_lounge import Lounge, LoungeError
 
@@ -301,66 +302,56 @@ def test_sidebar_shows_runs_cancels_one_and_inserts_its_load_code(lab):
             ended.append(str(e))
 
     url, token, _ = lab
-    ARTIFACTS.mkdir(exist_ok=True)
     lounge = Lounge(2, name="sweeps", wait=True).start_sync()
     ended: list[str] = []
     follower = threading.Thread(target=follow_long)
     try:
         lounge.map(lambda v: v * 2, range(10), name="r1", progress=False)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.set_default_timeout(60_000)
-            try:
-                sidebar = _open_sidebar(page, url, token)
-                row = sidebar.locator('[data-testid="lounge-cluster-row"][data-cluster="sweeps"]')
-                r1 = row.locator('[data-testid="lounge-run"][data-run="r1"]')
-                expect(r1.locator('[data-testid="lounge-run-progress"]')).to_have_text("10/10")
-                expect(r1.locator('[data-testid="lounge-run-status"]')).to_have_text("done")
-                expect(r1.locator('[data-testid="lounge-run-cancel"]')).to_have_count(0)
+        with _lab_page("sidebar-runs-failure.png") as page:
+            sidebar = _open_sidebar(page, url, token)
+            row = sidebar.locator('[data-testid="lounge-cluster-row"][data-cluster="sweeps"]')
+            r1 = row.locator('[data-testid="lounge-run"][data-run="r1"]')
+            expect(r1.locator('[data-testid="lounge-run-progress"]')).to_have_text("10/10")
+            expect(r1.locator('[data-testid="lounge-run-status"]')).to_have_text("done")
+            expect(r1.locator('[data-testid="lounge-run-cancel"]')).to_have_count(0)
 
-                # a long run shows as running; Cancel (confirmed) ends it, its rows kept
-                follower.start()
-                long = row.locator('[data-testid="lounge-run"][data-run="long"]')
-                expect(long.locator('[data-testid="lounge-run-status"]')).to_have_text(
-                    "running", timeout=120_000
-                )
-                expect(long.locator('[data-testid="lounge-run-progress"]')).not_to_have_text(
-                    "0/1000", timeout=120_000
-                )
-                sidebar.screenshot(path=str(ARTIFACTS / "sidebar-runs.png"))
-                long.locator('[data-testid="lounge-run-cancel"]').click()
-                page.locator(".jp-Dialog-button.jp-mod-accept").click()
-                expect(page.get_by_text("Cancelled run 'long' of 'sweeps'")).to_be_visible()
-                expect(long.locator('[data-testid="lounge-run-status"]')).to_have_text(
-                    "cancelled", timeout=60_000
-                )
-                expect(long.locator('[data-testid="lounge-run-cancel"]')).to_have_count(0)
-                follower.join(timeout=60)
-                assert ended and "Run 'long' cancelled" in ended[0], ended
+            # a long run shows as running; Cancel (confirmed) ends it, its rows kept
+            follower.start()
+            long = row.locator('[data-testid="lounge-run"][data-run="long"]')
+            expect(long.locator('[data-testid="lounge-run-status"]')).to_have_text(
+                "running", timeout=120_000
+            )
+            expect(long.locator('[data-testid="lounge-run-progress"]')).not_to_have_text(
+                "0/1000", timeout=120_000
+            )
+            sidebar.screenshot(path=str(ARTIFACTS / "sidebar-runs.png"))
+            long.locator('[data-testid="lounge-run-cancel"]').click()
+            page.locator(".jp-Dialog-button.jp-mod-accept").click()
+            expect(page.get_by_text("Cancelled run 'long' of 'sweeps'")).to_be_visible()
+            expect(long.locator('[data-testid="lounge-run-status"]')).to_have_text(
+                "cancelled", timeout=60_000
+            )
+            expect(long.locator('[data-testid="lounge-run-cancel"]')).to_have_count(0)
+            follower.join(timeout=60)
+            assert ended and "Run 'long' cancelled" in ended[0], ended
 
-                # Insert code puts the line that loads r1's table below the active cell
-                page.locator(".jp-Notebook .jp-Cell").first.click()
-                r1.locator('[data-testid="lounge-run-insert"]').click()
-                cells = page.locator(".jp-Notebook .jp-Cell")
-                expect(cells).to_have_count(2)
-                expect(cells.nth(1)).to_contain_text("run('r1', cluster='sweeps').result()")
-                cells.nth(1).locator(".cm-content").click()
-                page.keyboard.press("Shift+Enter")  # runs it and adds a cell below
-                new = page.locator(".jp-Notebook .jp-Cell").nth(2)
-                new.locator(".cm-content").click()
-                page.keyboard.type("print(type(df).__name__, len(df), df['result'].sum())")
-                page.keyboard.press("Shift+Enter")
-                expect(new.locator(".jp-OutputArea-output")).to_contain_text(
-                    "DataFrame 10 90", timeout=120_000
-                )
-                sidebar.screenshot(path=str(ARTIFACTS / "sidebar-runs-cancelled.png"))
-                expect(sidebar.locator('[data-testid="lounge-error"]')).to_have_text("")
-            except BaseException:
-                page.screenshot(path=str(ARTIFACTS / "sidebar-runs-failure.png"))
-                raise
-            finally:
-                browser.close()
+            # Insert code puts the line that loads r1's table below the active cell
+            page.locator(".jp-Notebook .jp-Cell").first.click()
+            r1.locator('[data-testid="lounge-run-insert"]').click()
+            cells = page.locator(".jp-Notebook .jp-Cell")
+            expect(cells).to_have_count(2)
+            expect(cells.nth(1)).to_contain_text("run('r1', cluster='sweeps').result()")
+            cells.nth(1).locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")  # runs it and adds a cell below
+            new = page.locator(".jp-Notebook .jp-Cell").nth(2)
+            new.locator(".cm-content").click()
+            page.keyboard.type("print(type(df).__name__, len(df), df['result'].sum())")
+            page.keyboard.press("Shift+Enter")
+            expect(new.locator(".jp-OutputArea-output")).to_contain_text(
+                "DataFrame 10 90", timeout=120_000
+            )
+            sidebar.screenshot(path=str(ARTIFACTS / "sidebar-runs-cancelled.png"))
+            expect(sidebar.locator('[data-testid="lounge-error"]')).to_have_text("")
     finally:
         lounge.stop_sync()
         if follower.is_alive():
@@ -369,29 +360,23 @@ def test_sidebar_shows_runs_cancels_one_and_inserts_its_load_code(lab):
 
 def test_a_server_error_is_shown_in_the_sidebar(lab):
     """A start the server refuses (a name already in use) shows its sentence in the sidebar."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     from jupyter_lounge import Lounge
 
     url, token, _ = lab
     taken = Lounge(1, name="taken", wait=True).start_sync()
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.set_default_timeout(60_000)
-            try:
-                sidebar = _open_sidebar(page, url, token, notebook=False)
-                expect(sidebar.locator('[data-cluster="taken"]')).to_be_visible()
-                sidebar.locator('[data-testid="lounge-start"]').click()
-                page.locator('[data-testid="lounge-start-n"]').fill("2")
-                page.locator('[data-testid="lounge-start-name"]').fill("taken")
-                page.locator(".jp-Dialog-button.jp-mod-accept").click()
-                expect(sidebar.locator('[data-testid="lounge-error"]')).to_contain_text(
-                    "already in use"
-                )
-            finally:
-                browser.close()
+        with _lab_page() as page:
+            sidebar = _open_sidebar(page, url, token, notebook=False)
+            expect(sidebar.locator('[data-cluster="taken"]')).to_be_visible()
+            sidebar.locator('[data-testid="lounge-start"]').click()
+            page.locator('[data-testid="lounge-start-n"]').fill("2")
+            page.locator('[data-testid="lounge-start-name"]').fill("taken")
+            page.locator(".jp-Dialog-button.jp-mod-accept").click()
+            expect(sidebar.locator('[data-testid="lounge-error"]')).to_contain_text(
+                "already in use"
+            )
     finally:
         taken.stop_sync()
 
@@ -413,7 +398,7 @@ def test_start_dialog_opens_on_the_configured_defaults(ipython_profile, lab, lou
     """The profile's c.Lounge.preload and c.Lounge.engines fill the Start dialog, which says
     which file and line set them; started as it opened, the cluster has them. A mistake in
     the profile: the dialog says it, on the built-in defaults."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, token, _ = lab
     defaults = _api(url, token, "backends").get("defaults")
@@ -421,12 +406,8 @@ def test_start_dialog_opens_on_the_configured_defaults(ipython_profile, lab, lou
     assert defaults["preload"]["value"] == ["json"], defaults
     assert defaults["engines"]["value"] == "dask", defaults
     assert str(ipython_profile) in defaults["preload"]["source"], defaults
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(60_000)
-        try:
+    try:
+        with _lab_page("start-dialog-defaults-failure.png") as page:
             sidebar = _open_sidebar(page, url, token, notebook=False)
             expect(sidebar.locator('[data-testid="lounge-node-row"]').first).to_be_visible()
 
@@ -480,10 +461,6 @@ def test_start_dialog_opens_on_the_configured_defaults(ipython_profile, lab, lou
             expect(dialog.locator('[data-testid="lounge-start-defaults"]')).to_have_count(0)
             page.locator(".jp-Dialog-button.jp-mod-reject").click()
             expect(dialog).to_have_count(0)
-        except BaseException:
-            page.screenshot(path=str(ARTIFACTS / "start-dialog-defaults-failure.png"))
-            raise
-        finally:
-            browser.close()
-            _stop_if_left(url, token, "with-defaults")
+    finally:
+        _stop_if_left(url, token, "with-defaults")
     assert _api(url, token, "clusters")["clusters"] == []
