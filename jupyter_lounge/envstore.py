@@ -41,6 +41,7 @@ try:
         data_versions,
         free_mib,
         is_data_name,
+        keep_spare,
         marker_tree,
         object_key,
         prune_data,
@@ -453,6 +454,7 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
                 prune_data(store, name)  # and collects, when it removed one
                 if freed:  # the objects of the entries the switch replaced
                     store.collect(trees_in_use(base), freed)
+                keep_spare(store, name)
 
         _after_the_answer(tidy)
 

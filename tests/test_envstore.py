@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_lounge import envstore, ship, sync
+from jupyter_lounge import envstore, ship, sync, treestore
 
 FP = "0123456789abcdef"
 
@@ -312,6 +312,51 @@ def test_a_data_set_version_is_made_from_the_one_it_replaces_by_its_change(here,
     v4 = stage("v4\n")
     assert not v2.exists()  # the change failed on it (extra.txt was there): it is gone
     same(v4)  # and v4 linked anew
+
+
+def test_the_first_change_of_a_data_set_is_made_from_a_spare_copy_and_removal_takes_it(
+    here, tmp_path
+):
+    root, local = tmp_path / "cells", tmp_path / "local"
+    data = local / "data"
+    (root / "a").mkdir(parents=True)
+    for i in range(20):
+        (root / "a" / f"{i:02}.bin").write_bytes(os.urandom(300))
+
+    def stage(labels: str, name: str = "cells") -> Path:
+        (root / "labels.csv").write_text(labels)
+        assert ship_it(here, root, name=name, kind="data")["status"] == "shipped"
+        tidied(local)
+        return (data / name).resolve()
+
+    def files(folder: Path) -> dict:
+        return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    def spares(name: str = "cells") -> list[Path]:
+        return sorted(data.glob(f".{name}{treestore.SPARE}.*"))
+
+    v1 = stage("v1\n")
+    [spare] = spares()  # the set's only version: a copy of it waits for the next change
+    assert spare.name.endswith(envstore.data_current(str(local), "cells"))
+    assert files(spare) == files(v1) == files(root)
+    for path in [spare, *spare.rglob("*")]:
+        assert path.stat().st_mode & 0o077 == 0, path
+    assert treestore.data_versions(str(local), None) == [v1.name.rsplit(".", 1)[1]]
+    inode = spare.stat().st_ino
+    v2 = stage("v2\n")
+    assert v2.stat().st_ino == inode and spares() == []  # the spare, changed into v2
+    assert files(v1) == {**files(root), Path("labels.csv"): b"v1\n"}  # the one before: as it was
+    assert files(v2) == files(root)
+    inode = v1.stat().st_ino
+    v3 = stage("v3\n")
+    assert v3.stat().st_ino == inode and not v1.exists()  # as every later change: v1's folder
+    assert spares() == [] and files(v3) == files(root)
+    stage("x\n", name="other")
+    assert len(spares("other")) == 1
+    assert treestore.remove_data(str(local), "other")
+    assert spares("other") == [] and not any("other" in p.name for p in data.iterdir())
+    objects = list((local / "store" / "objects").rglob("*.*"))
+    assert len(objects) == 22  # 20 + the labels of v2 and v3: v1's and other's collected
 
 
 def test_a_data_set_is_sent_as_its_change_from_its_own_version_among_other_trees(here, tmp_path):
