@@ -11,8 +11,10 @@ One SSH session per node runs the node program's ``put``; the conversation on it
    tree's id. The change from the tree we shipped last, the likely base, is made while the
    nodes start;
 3. the node says which objects (files, by content) it lacks, and whether its disk has room;
-4. we send them: nodes that lack the same objects get one stream, written to all their
-   sessions at once, with a progress bar per stream (bytes and files); each file is hashed
+4. we send them: a node that lacks a few (``AT_ONCE``: a MiB) gets them as soon as it says so,
+   while the others may still be starting; otherwise, once every node has said, nodes that
+   lack the same objects get one stream, written to all their sessions at once, with a
+   progress bar per stream (bytes and files); each file is hashed
    again as it is read and sent, and followed by a word saying it is what was hashed (the
    node keeps it) or not (the node drops it and the sync fails, saying which file): checked
    once here for all the nodes, and SSH keeps it intact on the way;
@@ -49,6 +51,7 @@ FINISH_S = 600.0  # the node to link the tree and remove old ones
 CHUNK = 1 << 20
 WRITE_AHEAD = 16  # frames queued per node (at most CHUNK each)
 TREES_KEPT = 16  # manifests remembered here, the newest
+AT_ONCE = CHUNK  # a node lacking at most these bytes gets them as soon as it says so
 UNREADABLE = "could not be read here"
 
 
@@ -452,21 +455,30 @@ def exited(proc: subprocess.Popen, timeout: float) -> int:
         os.close(fd)
 
 
-def _in_turn(sessions: dict, timeout: float, doing: str):
-    """(name, its next answer, or None) for each of these sessions, as the answers arrive."""
-    deadline = time.monotonic() + timeout
-    waiting = dict(sessions)
-    for s in waiting.values():
-        s.flush()
+class Waiting(dict):
+    """The sessions whose next answer is awaited: name -> (session, timeout, what it is
+    doing, deadline); ``ask`` puts one in (again)."""
+
+    def ask(self, name: str, session: Session, timeout: float, doing: str) -> None:
+        session.flush()
+        self[name] = (session, timeout, doing, time.monotonic() + timeout)
+
+
+def _in_turn(waiting: Waiting):
+    """(name, its next answer, or None) for each session in ``waiting``, as the answers
+    arrive, until none is awaited: the caller may ``ask`` one again as it handles an answer
+    (a node that answers first is not held up by a slow one; each waits its own time)."""
     while waiting:
-        names = [n for n, s in waiting.items() if s.failed or b"\n" in s.buf]
+        names = [n for n, w in waiting.items() if w[0].failed or b"\n" in w[0].buf]
         if not names:
-            fds = {s.proc.stdout.fileno(): n for n, s in waiting.items()}
-            left = max(deadline - time.monotonic(), 0)
+            fds = {w[0].proc.stdout.fileno(): n for n, w in waiting.items()}
+            left = max(min(w[3] for w in waiting.values()) - time.monotonic(), 0)
             names = [fds[fd] for fd in select.select(list(fds), [], [], left)[0]]
-            names = names or list(waiting)  # none within the time: each says so
+            now = time.monotonic()
+            names = names or [n for n, w in waiting.items() if w[3] <= now]  # each says so
         for name in names:
-            yield name, waiting.pop(name).answer(timeout, doing, deadline)
+            s, timeout, doing, deadline = waiting.pop(name)
+            yield name, s.answer(timeout, doing, deadline)
 
 
 def ship(
@@ -521,59 +533,72 @@ def ship(
     ready = threading.Event()
     maker = threading.Thread(target=make, daemon=True, name="lounge-scan")
     maker.start()
-    live, tree = {}, None
-    for name, hello in _in_turn(sessions, HELLO_S, "starting"):  # each node checks its
-        s = sessions[name]  # manifest as soon as it has said what it has
-        if hello is None:
-            continue
-        if hello["state"] == "present":
-            rows[name]["status"] = "present"
-            s.close()
-            continue
-        if tree is None:
-            ready.wait()  # the scan (a failed one sets it too)
-            if "error" in made:
-                for s in sessions.values():
-                    s.close()
-                raise made["error"]
-            tree = made["tree"]
-            known[tree.id] = tree.entries
-        live[name] = (s, hello)
-        base = tree.id if tree.id in hello["have"] else None
-        base = base or next((t for t in hello["have"] if recall(t) is not None), None)
-        s.frame(b"M", manifest(base))
-        s.flush()
-    if tree is not None:  # kept for the next sync's delta while the nodes work (after the
-        # manifests went: it takes a while for a big tree; a failed sync's is harmless)
-        keeper = threading.Thread(target=remember, args=(tree,), daemon=True)
-        keeper.start()
-    asked = {}
-    for name, (s, _) in live.items():
-        said = s.answer(MANIFEST_S, "checking the manifest")
-        if said and said["state"] == "resend":
-            s.frame(b"M", manifest(None))
-            said = s.answer(MANIFEST_S, "checking the manifest")
+    tree, keeper, starting = None, None, len(sessions)
+    told, resent = set(), set()  # nodes sent the manifest; sent it whole, as they asked
+    asked, held = [], {}  # nodes sent their objects; those whose objects wait for the others
+    waiting = Waiting()
+    for name, s in sessions.items():
+        waiting.ask(name, s, HELLO_S, "starting")
+    # Each node is answered as soon as it speaks: its manifest once it has said what it has
+    # (the others may still be starting), then what it lacks
+    for name, said in _in_turn(waiting):
+        s = sessions[name]
+        hello = name not in told
+        if hello:
+            starting -= 1
         if said is None:
-            continue
-        if said["state"] == "present":
+            pass
+        elif said["state"] == "present":
             rows[name]["status"] = "present"
             s.close()
+        elif hello:
+            if tree is None:
+                ready.wait()  # the scan (a failed one sets it too)
+                if "error" in made:
+                    for other in sessions.values():
+                        other.close()
+                    raise made["error"]
+                tree = made["tree"]
+                known[tree.id] = tree.entries
+            base = tree.id if tree.id in said["have"] else None
+            base = base or next((t for t in said["have"] if recall(t) is not None), None)
+            s.frame(b"M", manifest(base))
+            told.add(name)
+            waiting.ask(name, s, MANIFEST_S, "checking the manifest")
+        elif said["state"] == "resend" and name not in resent:
+            resent.add(name)
+            s.frame(b"M", manifest(None))
+            waiting.ask(name, s, MANIFEST_S, "checking the manifest")
         elif said["state"] == "missing":
-            asked[name] = said["missing"]
+            keys = tuple(sorted(said["missing"]))
+            if sum(tree.sizes[k] for k in keys) <= AT_ONCE:  # a few files: now, to it alone
+                _send_objects(tree, keys, [s], progress)
+                _shipping(rows[name], tree, keys)
+                asked.append(name)
+            else:  # one stream to the nodes that lack the same, once all have said
+                held[name] = keys
+        else:
+            s.fail(f"the node answered {said!r:.200}")
+        if not starting and tree is not None and keeper is None:
+            # the tree is kept for the next sync's delta while the nodes work (after the
+            # manifests went: it takes a while for a big tree; a failed sync's is harmless)
+            keeper = threading.Thread(target=remember, args=(tree,), daemon=True)
+            keeper.start()
     groups: dict[tuple, list[str]] = {}
-    for name, missing in asked.items():
-        groups.setdefault(tuple(sorted(missing)), []).append(name)
+    for name, keys in held.items():
+        groups.setdefault(keys, []).append(name)
     for keys, names in groups.items():
         _send_objects(tree, keys, [sessions[n] for n in names], progress)
         for name in names:
-            rows[name]["files"], rows[name]["bytes"] = len(keys), sum(tree.sizes[k] for k in keys)
+            _shipping(rows[name], tree, keys)
+            asked.append(name)
     for name in asked:
         s = sessions[name]
         done = s.answer(FINISH_S, "linking the tree")
         if done is not None:
             rows[name]["status"] = "shipped"
             s.end()  # (each ends while the others finish; all are waited for below)
-    if tree is not None:
+    if keeper is not None:
         keeper.join()
     for name, s in sessions.items():
         if s.failed:
@@ -583,6 +608,10 @@ def ship(
     if any(why in r["status"] for r in rows.values() for why in (UNREADABLE, treestore.CHANGED)):
         forget_parts()  # a file changed that a remembered part says did not: walk it again
     return rows
+
+
+def _shipping(row: dict, tree: Tree, keys) -> None:
+    row["files"], row["bytes"] = len(keys), sum(tree.sizes[k] for k in keys)
 
 
 def _send_objects(tree: Tree, keys, sessions: list[Session], progress: bool) -> None:

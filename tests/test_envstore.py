@@ -720,6 +720,37 @@ def test_the_environment_is_walked_again_only_when_what_is_installed_changes(
     assert sync.env_tree().id == with_bar.id and walks.count("env") == 4
 
 
+def test_a_node_lacking_a_few_files_gets_them_before_a_slower_node_has_started(here, tmp_path):
+    """A node that lacks a few files gets them as soon as it says so, not after every node
+    has answered: here the second node starts only once the first has its data set (it
+    waits 10 s at most, then fails), so both ship only if the first was not held for it."""
+    root = tmp_path / "cells"
+    (root / "a").mkdir(parents=True)
+    for i in range(5):
+        (root / "a" / f"{i}.bin").write_bytes(os.urandom(1000))
+    quick, late = tmp_path / "quick", tmp_path / "late"
+    nodes = [type("Node", (), {"name": n, "local_dir": str(d)})() for n, d in
+             (("quick", quick), ("late", late))]  # fmt: skip
+    waits = (
+        f'for i in $(seq 200); do [ -e {quick}/data/cells ] && exec bash -c "$1"; sleep 0.05; '
+        "done; echo 'the quick node never got its data set' >&2; exit 3"
+    )
+
+    def ssh_command(name: str) -> list[str]:
+        return ["bash", "-c"] if name == "quick" else ["bash", "-c", waits, "late"]
+
+    def scan():
+        return ship.scan(ship.folder_pairs(root), private=True, what="test")
+
+    rows = sync.put_tree(nodes, ssh_command, "data", "cells", scan, progress=False)
+    assert [rows[n]["status"] for n in ("quick", "late")] == ["shipped", "shipped"], rows
+    assert rows["late"]["files"] == 5
+    for local in (quick, late):
+        tidied(local)
+        got = {p.name: p.read_bytes() for p in (local / "data" / "cells" / "a").iterdir()}
+        assert got == {p.name: p.read_bytes() for p in (root / "a").iterdir()}
+
+
 @pytest.mark.fast
 def test_nodes_are_heard_as_they_answer_and_a_silent_one_says_what_it_was_waiting_for():
     """ship._in_turn gives each session's next answer as it arrives (a node that answers
@@ -734,8 +765,11 @@ def test_nodes_are_heard_as_they_answer_and_a_silent_one_says_what_it_was_waitin
         "quick": session("quick", """echo '{"node": "quick"}';"""),
         "silent": session("silent", ""),
     }
+    waiting = ship.Waiting()
+    for name, s in sessions.items():
+        waiting.ask(name, s, 3.0, "testing")
     try:
-        heard = list(ship._in_turn(sessions, 3.0, "testing"))
+        heard = list(ship._in_turn(waiting))
     finally:
         for s in sessions.values():
             s.close()
