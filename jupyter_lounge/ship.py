@@ -704,6 +704,8 @@ def _send_objects(tree: Tree, keys, sessions: list[Session], progress: bool) -> 
             q.put(None)
         for w in writers:
             w.join()
+        for s in sessions:  # the last bytes, not left in the pipe's buffer here
+            s.flush()
         if bar is not None:
             bar.close()
     if unreadable:

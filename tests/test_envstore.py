@@ -726,8 +726,8 @@ def test_a_node_lacking_a_few_files_gets_them_before_a_slower_node_has_started(h
     waits 10 s at most, then fails), so both ship only if the first was not held for it."""
     root = tmp_path / "cells"
     (root / "a").mkdir(parents=True)
-    for i in range(5):
-        (root / "a" / f"{i}.bin").write_bytes(os.urandom(1000))
+    for i in range(5):  # a few hundred bytes: less than the pipe's buffer here holds
+        (root / "a" / f"{i}.bin").write_bytes(os.urandom(200))
     quick, late = tmp_path / "quick", tmp_path / "late"
     nodes = [type("Node", (), {"name": n, "local_dir": str(d)})() for n, d in
              (("quick", quick), ("late", late))]  # fmt: skip
