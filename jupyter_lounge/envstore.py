@@ -374,6 +374,8 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
             mine = data_versions(base, name)
             have = [t for t in mine if t in have] + [t for t in have if t not in mine]
         _say({"state": "absent", "have": have, "free_mib": store.free_mib()})
+        import hashlib  # noqa: F401 - OpenSSL's set-up (~3 ms), while the manifest comes
+
         change, entries, before = _manifest(store, frames)
         # The rest is a manifest this node checked and saved: an environment's, or a data
         # set's (checked as data: an environment's base could give a data set wider modes)

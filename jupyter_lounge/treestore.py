@@ -24,7 +24,6 @@ copy data sets from the shared file system.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import marshal
 import os
 import time
@@ -86,6 +85,8 @@ def tree_id(entries: list) -> str:
         f"{e[0]}\0{e[1]}\0{e[2]}\0{e[3]}\0{e[4]}\0{e[5]}\n"
         for e in sorted(entries, key=lambda e: e[0])
     )
+    import hashlib  # (not at the start: OpenSSL's set-up, ~3 ms of a node's, see envstore.put)
+
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
@@ -232,7 +233,11 @@ class Store:
         shipment's sender checks what it sent as it reads it: the SSH channel keeps it so)."""
         sha, mode = key.rsplit(".", 1)
         tmp, bits = f"{self.tmp}/{key}", int(mode, 8) & 0o7777
-        h, size = hashlib.sha256() if check else None, 0
+        h, size = None, 0
+        if check:
+            import hashlib
+
+            h = hashlib.sha256()
         fd = -1
         try:  # a few system calls per file: a sync makes tens of thousands
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, bits)

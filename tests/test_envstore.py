@@ -456,9 +456,10 @@ def test_the_node_answers_the_text_json_would_and_reads_manifests_of_either_form
     assert treestore.marker_tree('{"tree":"ab12","x":1}') == "ab12"  # another shape: json
 
 
-def test_the_node_program_starts_without_json_re_or_shutil(tmp_path):
+def test_the_node_program_starts_without_json_re_shutil_or_hashlib(tmp_path):
     """Their imports (with enum, bz2, lzma) were a third of a node's CPU in a re-sync: the
-    node program loads them only for the rare paths that need them."""
+    node program loads them only for the rare paths that need them (hashlib, whose OpenSSL
+    set-up is ~3 ms, once it has said hello to a sync: while the manifest comes)."""
     payload = envstore.program()
     argv = [sys.executable, "-I", "-S", "-X", "importtime", "-c", envstore.BOOT, str(len(payload))]
     proc = subprocess.run(
@@ -466,7 +467,7 @@ def test_the_node_program_starts_without_json_re_or_shutil(tmp_path):
     )
     assert proc.returncode == 0 and json.loads(proc.stdout) == [], proc.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.decode().splitlines()}
-    assert imported & {"json", "re", "enum", "shutil", "bz2", "lzma"} == set(), imported
+    assert imported & {"json", "re", "enum", "shutil", "bz2", "lzma", "hashlib"} == set(), imported
 
 
 def test_a_node_without_room_says_so_with_the_numbers(here, tmp_path):
