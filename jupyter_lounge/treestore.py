@@ -625,7 +625,9 @@ def prune_data(store: Store, name: str) -> None:
     current = data_current(store.root, name)
     versions = []
     for entry in os.listdir(folder):
-        if entry.startswith(f".{name}.") and not entry.startswith(f".{name}.new-"):
+        if entry.startswith(f".{name}{SPARE}.") and ".part-" in entry:
+            remove_tree(os.path.join(folder, entry))  # an interrupted spare copy
+        elif entry.startswith(f".{name}.") and not entry.startswith(f".{name}.new-"):
             tid = entry[len(name) + 2 :]
             if ".part-" in tid:
                 remove_tree(os.path.join(folder, entry))  # an interrupted link

@@ -353,6 +353,10 @@ def test_the_first_change_of_a_data_set_is_made_from_a_spare_copy_and_removal_ta
     assert spares() == [] and files(v3) == files(root)
     stage("x\n", name="other")
     assert len(spares("other")) == 1
+    left = data / f".other{treestore.SPARE}.{'0' * 64}.part-1"  # a tidy killed as it linked
+    left.mkdir()
+    stage("y\n", name="other")
+    assert not left.exists()
     assert treestore.remove_data(str(local), "other")
     assert spares("other") == [] and not any("other" in p.name for p in data.iterdir())
     objects = list((local / "store" / "objects").rglob("*.*"))
