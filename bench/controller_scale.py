@@ -552,10 +552,9 @@ class Run:
         spent = {part: after[part] - before.get(part, 0.0) for part in after}
         busiest = max((v for k, v in spent.items() if k.startswith("child ")), default=0.0)
         spent = {k: v for k, v in spent.items() if not k.startswith("child ")}
-        spent["busiest_child"] = busiest  # one process: what bounds it on a machine of its own
-        for part, seconds in spent.items():
+        # the busiest child, one process: what bounds it on a machine of its own
+        for part, seconds in (*spent.items(), ("busiest_child", busiest)):
             rec[f"flood_{part}_cpu_ms_per_engine"] = round(1000 * seconds / max(last, 1), 2)
-        del spent["busiest_child"]
         rec["flood_cores_busy_percent"] = round(
             100 * sum(spent.values()) / (wall * (os.cpu_count() or 1)), 1
         )

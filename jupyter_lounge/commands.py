@@ -114,21 +114,21 @@ def _add_flag(parser: argparse.ArgumentParser, option: backend_options.Option) -
     """A backend option's flag (and ``--no-X`` for a switch); None when not given, so that
     the configured default holds."""
     if option.kind is bool:
-        kind = {"action": "store_const", "const": True}
-        parser.add_argument(
-            f"--no-{option.flag[2:]}", dest=option.name, action="store_const", const=False
-        )
-    elif option.kind is list:
+        _switch(parser, option.flag[2:], option.name)
+        return
+    if option.kind is list:
         kind = {"action": "append"}
     else:
         kind = {"type": positive_int if option.positive else option.kind}
     parser.add_argument(option.flag, dest=option.name, default=None, **kind)
 
 
-def _switch(parser: argparse.ArgumentParser, name: str) -> None:
-    """``--name`` and ``--no-name``; None when neither is given."""
-    parser.add_argument(f"--{name}", dest=name, action="store_const", const=True, default=None)
-    parser.add_argument(f"--no-{name}", dest=name, action="store_const", const=False)
+def _switch(parser: argparse.ArgumentParser, flag: str, dest: str = "") -> None:
+    """``--flag`` and ``--no-flag`` (into ``dest``, else ``flag``); None when neither is
+    given."""
+    dest = dest or flag
+    parser.add_argument(f"--{flag}", dest=dest, action="store_const", const=True, default=None)
+    parser.add_argument(f"--no-{flag}", dest=dest, action="store_const", const=False)
 
 
 def _add_default_flags(parser: argparse.ArgumentParser) -> None:

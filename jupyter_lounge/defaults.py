@@ -150,7 +150,7 @@ def resolve(given: dict | None = None, profile: str | None = None) -> Defaults:
         settings.update(_from_table(base, "start", table, limits))
         for name, named in table.table.items():
             if isinstance(named, dict):  # each named set is checked, used or not
-                where = table.where.in_table(f"start.{name}").rpartition(" ([")[0]
+                where = table.where.in_table(f"start.{name}")
                 _check_profile_name(name, where)
                 _from_table(named, f"start.{name}", table, limits)
     settings.update(_from_config(config, settings, None, limits))
@@ -191,8 +191,8 @@ def _from_table(values: dict, name: str, table, limits) -> dict[str, Setting]:
     known = option_names()  # what an inventory's [start] or [start.NAME] may hold
     found = {}
     for key, value in values.items():
-        here = table.where.in_table(name, key)  # its source: "<file> line N ([start])"
-        spot = here.rpartition(" ([")[0]  # a mistake: "<file> line N: [start] key ..."
+        spot = table.where.in_table(name, key)  # a mistake: "<file> line N: [start] key ..."
+        here = f"{spot} ([{name}])"  # its source: "<file> line N ([start])"
         if isinstance(value, dict):
             raise LoungeError(
                 f"{spot}: [{name}] may not hold a table {key!r}: a named set is [start.NAME], "
@@ -305,11 +305,10 @@ def _checked(key: str, value: Any, label: str, where: str, limits) -> Any:
         raise LoungeError(f"{where}: {e}") from None
 
 
-def check(key: str, value: Any, label: str, limits=None) -> Any:
+def check(key: str, value: Any, label: str, limits) -> Any:
     """The start option ``key``'s ``value`` (as a file gives it: ``label`` says how, e.g.
     ``c.Lounge.backend`` or ``[start] backend``), checked as its flag is; a mistake is one
     LoungeError naming ``label``. ``limits``: ``config.settings()``, read once by the caller."""
-    limits = limits or lounge_config.settings()
     if key == "backend":
         if value not in backend_options.BACKENDS:
             raise LoungeError(
@@ -341,7 +340,7 @@ def check(key: str, value: Any, label: str, limits=None) -> Any:
         raise LoungeError(f"{label} must be {words}, not {value!r}.")
     if option.positive:
         validate.count(value, label, limits.max_engines)
-    return backend_options.check(option.backend, key, value)
+    return backend_options.check(option.backend, key, value, limits)
 
 
 def _modules(value: Any, label: str) -> list[str]:

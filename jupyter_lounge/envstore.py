@@ -456,7 +456,7 @@ def put(local_dir: str, kind: str, name: str, force: str = "") -> None:
                 prune_data(store, name)  # and collects, when it removed one
                 if freed:  # the objects of the entries the switch replaced
                     store.collect(trees_in_use(base), freed)
-                keep_spare(store, name)
+                keep_spare(store, name, tid, entries)
 
         _after_the_answer(tidy)
 

@@ -384,7 +384,7 @@ class _Where:
         return f"{self.path} line {line}" if line else f"{self.path}"
 
     def in_table(self, table: str, key: str | None = None) -> str:
-        """``path line N ([table])``: the line of ``key`` within the table ``[table]`` (a
+        """``path line N``: the line of ``key`` within the table ``[table]`` (a
         dotted name: ``start.lounge-gpu``), or of the table's header when ``key`` is None or
         not found there."""
         parts = [re.escape(p) for p in table.split(".")]
@@ -399,8 +399,7 @@ class _Where:
                 if re.match(rf'["\']?{re.escape(key)}["\']?\s*=', text):
                     line = i + 1
                     break
-        spot = f" line {line}" if line else ""
-        return f"{self.path}{spot} ([{table}])"
+        return f"{self.path} line {line}" if line else f"{self.path}"
 
     def node(self, index: int) -> str:
         line = self._line(r"\[\[\s*node\s*\]\]", index)

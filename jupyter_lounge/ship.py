@@ -571,9 +571,10 @@ def ship(
             waiting.ask(name, s, MANIFEST_S, "checking the manifest")
         elif said["state"] == "missing":
             keys = tuple(sorted(said["missing"]))
-            if sum(tree.sizes[k] for k in keys) <= AT_ONCE:  # a few files: now, to it alone
+            size = sum(tree.sizes[k] for k in keys)
+            rows[name] |= {"files": len(keys), "bytes": size}
+            if size <= AT_ONCE:  # a few files: now, to it alone
                 _send_objects(tree, keys, [s], progress)
-                _shipping(rows[name], tree, keys)
                 asked.append(name)
             else:  # one stream to the nodes that lack the same, once all have said
                 held[name] = keys
@@ -589,9 +590,7 @@ def ship(
         groups.setdefault(keys, []).append(name)
     for keys, names in groups.items():
         _send_objects(tree, keys, [sessions[n] for n in names], progress)
-        for name in names:
-            _shipping(rows[name], tree, keys)
-            asked.append(name)
+        asked += names
     for name in asked:
         s = sessions[name]
         done = s.answer(FINISH_S, "linking the tree")
@@ -608,10 +607,6 @@ def ship(
     if any(why in r["status"] for r in rows.values() for why in (UNREADABLE, treestore.CHANGED)):
         forget_parts()  # a file changed that a remembered part says did not: walk it again
     return rows
-
-
-def _shipping(row: dict, tree: Tree, keys) -> None:
-    row["files"], row["bytes"] = len(keys), sum(tree.sizes[k] for k in keys)
 
 
 def _send_objects(tree: Tree, keys, sessions: list[Session], progress: bool) -> None:

@@ -603,20 +603,19 @@ def _spares(root: str, name: str) -> list[tuple[str, str]]:
             if entry.startswith(prefix) and ".part-" not in entry]  # fmt: skip
 
 
-def keep_spare(store: Store, name: str) -> None:
-    """When data set ``name`` has no version but the current one (its first sync, or one
-    after a removal), a copy of the current one, made of hard links (a folder entry per file,
-    no data): the next switch changes it in place (``switch_data``), so the first one-file
-    re-sync is a one-file job on the node as every later one is, not a link for each of the
-    set's files (~40 ms per 2,000 files, while the sender waits). Made by the tidy after the
-    answer, when nobody waits; none is kept beside a version before (``prune_data``)."""
-    current = data_current(store.root, name)
-    if current is None or _spare_version(store, name, current) is not None:
+def keep_spare(store: Store, name: str, tid: str, entries: list) -> None:
+    """When data set ``name``, now tree ``tid`` of these ``entries``, has no other version
+    (its first sync, or one after a removal), a copy of it, made of hard links (a folder
+    entry per file, no data): the next switch changes it in place (``switch_data``), so the
+    first one-file re-sync is a one-file job on the node as every later one is, not a link
+    for each of the set's files (~40 ms per 2,000 files, while the sender waits). Made by
+    the tidy after the answer, when nobody waits; none is kept beside a version before
+    (``prune_data``)."""
+    if data_current(store.root, name) != tid or _spares(store.root, name):
         return
-    entries = store.manifest(current)
-    if entries is not None:
-        spare = os.path.join(data_dir(store.root), f".{name}{SPARE}.{current}")
-        store.link_tree(entries, spare, PRIVATE)
+    if any(other != tid for other in data_versions(store.root, name)):
+        return
+    store.link_tree(entries, os.path.join(data_dir(store.root), f".{name}{SPARE}.{tid}"), PRIVATE)
 
 
 def prune_data(store: Store, name: str) -> None:

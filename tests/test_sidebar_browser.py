@@ -200,18 +200,10 @@ def test_sidebar_starts_scales_connects_and_stops_clusters(lab, lounge_dir):
         )
 
         # insert the connect code below the active cell and run it, then use the client
-        page.locator(".jp-Notebook .jp-Cell").first.click()
-        row.locator('[data-testid="lounge-insert"]').click()
-        cells = page.locator(".jp-Notebook .jp-Cell")
-        expect(cells).to_have_count(2)
-        expect(cells.nth(1)).to_contain_text('Lounge.attach("from-sidebar")')
-        cells.nth(1).locator(".cm-content").click()
-        page.keyboard.press("Shift+Enter")  # runs it and adds a cell below
-        new = page.locator(".jp-Notebook .jp-Cell").nth(2)
-        new.locator(".cm-content").click()
-        page.keyboard.type("print('engines', len(client.ids))")
-        page.keyboard.press("Shift+Enter")
-        expect(new.locator(".jp-OutputArea-output")).to_contain_text("engines 6", timeout=120_000)
+        _insert_and_run(
+            page, row.locator('[data-testid="lounge-insert"]'), 'Lounge.attach("from-sidebar")',
+            "print('engines', len(client.ids))", "engines 6",
+        )  # fmt: skip
 
         # work running on every engine; Interrupt stops it and the cluster stays
         busy = page.locator(".jp-Notebook .jp-Cell").nth(3)
@@ -281,6 +273,25 @@ def _open_sidebar(page, url: str, token: str, notebook: bool = True):
     return sidebar
 
 
+def _insert_and_run(page, button, inserted: str, code: str, output: str) -> None:
+    """With the notebook's one cell active, ``button`` inserts a cell holding ``inserted``
+    below it; that cell runs, then ``code`` in the cell after it, whose output has ``output``."""
+    from playwright.sync_api import expect
+
+    page.locator(".jp-Notebook .jp-Cell").first.click()
+    button.click()
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    expect(cells).to_have_count(2)
+    expect(cells.nth(1)).to_contain_text(inserted)
+    cells.nth(1).locator(".cm-content").click()
+    page.keyboard.press("Shift+Enter")  # runs it and adds a cell below
+    new = page.locator(".jp-Notebook .jp-Cell").nth(2)
+    new.locator(".cm-content").click()
+    page.keyboard.type(code)
+    page.keyboard.press("Shift+Enter")
+    expect(new.locator(".jp-OutputArea-output")).to_contain_text(output, timeout=120_000)
+
+
 @pytest.mark.slow
 def test_sidebar_shows_runs_cancels_one_and_inserts_its_load_code(lab):
     """A kernel's runs under its cluster: a done one with its progress, a long one cancelled
@@ -336,20 +347,11 @@ def test_sidebar_shows_runs_cancels_one_and_inserts_its_load_code(lab):
             assert ended and "Run 'long' cancelled" in ended[0], ended
 
             # Insert code puts the line that loads r1's table below the active cell
-            page.locator(".jp-Notebook .jp-Cell").first.click()
-            r1.locator('[data-testid="lounge-run-insert"]').click()
-            cells = page.locator(".jp-Notebook .jp-Cell")
-            expect(cells).to_have_count(2)
-            expect(cells.nth(1)).to_contain_text("run('r1', cluster='sweeps').result()")
-            cells.nth(1).locator(".cm-content").click()
-            page.keyboard.press("Shift+Enter")  # runs it and adds a cell below
-            new = page.locator(".jp-Notebook .jp-Cell").nth(2)
-            new.locator(".cm-content").click()
-            page.keyboard.type("print(type(df).__name__, len(df), df['result'].sum())")
-            page.keyboard.press("Shift+Enter")
-            expect(new.locator(".jp-OutputArea-output")).to_contain_text(
-                "DataFrame 10 90", timeout=120_000
-            )
+            _insert_and_run(
+                page, r1.locator('[data-testid="lounge-run-insert"]'),
+                "run('r1', cluster='sweeps').result()",
+                "print(type(df).__name__, len(df), df['result'].sum())", "DataFrame 10 90",
+            )  # fmt: skip
             sidebar.screenshot(path=str(ARTIFACTS / "sidebar-runs-cancelled.png"))
             expect(sidebar.locator('[data-testid="lounge-error"]')).to_have_text("")
     finally:

@@ -89,17 +89,18 @@ def of_kind(value: Any, kind: type) -> bool:
     return isinstance(value, kind)
 
 
-def check(backend: str, name: str, value: Any) -> Any:
+def check(backend: str, name: str, value: Any, limits=None) -> Any:
     """``value`` for the option ``name`` of ``backend`` (of its kind: see ``of_kind``),
     checked by the backend's own checks of its values, as a start checks its flags and its
     config; a mistake is the backend's LoungeError. Nothing is started or read (no
-    inventory, no Slurm)."""
+    inventory, no Slurm; ``limits``: ``config.settings()`` where the caller has them, not
+    read again)."""
     from traitlets.config import Configurable
 
     cls = backend_class(backend)
     probe = cls.__new__(cls)  # the traits only: not the backend's __init__
     Configurable.__init__(probe, **{name: value})
-    probe._check_values()
+    probe._check_values(limits)
     return getattr(probe, name)
 
 

@@ -113,9 +113,10 @@ class SlurmBackend(Configurable, Backend):
         self._jobs_at = 0.0
         self._ended: dict[str, str] = {}
 
-    def _check_values(self) -> None:
+    def _check_values(self, limits=None) -> None:
         """Every value that lands in the batch script: one line each, in Slurm's own syntax,
-        or one sentence saying what was wrong (a newline would start a line bash runs)."""
+        or one sentence saying what was wrong (a newline would start a line bash runs).
+        ``limits``: ``config.settings()``, when the caller has read them."""
         for key, pattern, example in (
             ("partition", LIST_RE, "gpu or gpu,debug"),
             ("account", LIST_RE, "proj42"),
@@ -129,7 +130,7 @@ class SlurmBackend(Configurable, Backend):
                 )
         if self.mem_per_engine:
             _megabytes(validate.no_control(self.mem_per_engine, "mem_per_engine"))
-        limit = settings().max_engines
+        limit = (limits or settings()).max_engines
         validate.count(self.engines_per_node, "engines_per_node", limit)
         validate.count(self.cpus_per_engine, "cpus_per_engine", 4096)
         if not 0 <= self.gpus_per_node <= 64:

@@ -64,9 +64,9 @@ class SSHBackend(Configurable, Backend):
         self.inv = inventory.load(self.inventory or None)
         self.nodes = {n.name: n for n in self.inv.select(self.pool or None)}
 
-    def _check_values(self) -> None:
+    def _check_values(self, limits=None) -> None:
         """Paths and names that land on an ssh command line: one line each, never an option
-        of ssh's (config values too, not only flags)."""
+        of ssh's (config values too, not only flags). (No limit applies to them.)"""
         for key in ("inventory", "pool", "known_hosts", "ssh_config"):
             value = validate.no_control(getattr(self, key), f"The ssh option {key}")
             if value.startswith("-"):

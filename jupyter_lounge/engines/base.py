@@ -61,7 +61,7 @@ class EngineKind:
         """Host and TCP port the agent probes to notice that its controller is gone."""
         raise NotImplementedError
 
-    def prepare(self, connection: dict, options: dict, connection_file: str = "") -> None:
+    def prepare(self, connection: dict, options: dict, connection_file: str) -> None:
         """Once the controller is known, before the first fork: what every engine would
         otherwise make for itself (no thread, no ZMQ context). ``connection_file`` is the
         file ``connection`` was read from."""

@@ -237,7 +237,7 @@ class DaskEngines(EngineKind):
         host, port = connection["address"].split("://", 1)[1].rsplit(":", 1)
         return host, int(port)
 
-    def prepare(self, connection: dict, options: dict, connection_file: str = "") -> None:
+    def prepare(self, connection: dict, options: dict, connection_file: str) -> None:
         quiet_workers(profile=bool(options.get("dashboard")))  # inherited by every fork
         # The workers' TLS contexts, made once here: each forked worker inherits them.
         if connection["address"].startswith("tls://"):

@@ -47,7 +47,7 @@ class IPyParallelEngines(EngineKind):
         host = connection["interface"].split("://", 1)[1]
         return host, int(connection["registration"])
 
-    def prepare(self, connection: dict, options: dict, connection_file: str = "") -> None:
+    def prepare(self, connection: dict, options: dict, connection_file: str) -> None:
         _list_loaded_modules()
         # The node's engines and its nanny share one CurveZMQ key pair, made here (no ZMQ
         # context needed) and handed to them by the fork: the nanny serves its relays with
@@ -56,8 +56,7 @@ class IPyParallelEngines(EngineKind):
             import zmq
 
             options["curve_keys"] = zmq.curve_keypair()
-        if connection_file:
-            _initialize_app(connection_file, options)
+        _initialize_app(connection_file, options)
 
     def serve_node(self, connection: dict, options: dict, ready_fd: int) -> None:
         from . import ipp_nanny

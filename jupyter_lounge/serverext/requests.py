@@ -8,7 +8,7 @@ flag's do."""
 from __future__ import annotations
 
 from .. import defaults, validate
-from ..backends.options import BACKENDS, KIND_WORDS, start_options
+from ..backends.options import BACKENDS, KIND_WORDS, of_kind, start_options
 from ..config import settings
 from ..errors import LoungeError
 
@@ -64,7 +64,7 @@ def start_request(body: dict) -> dict:
         if value is None:
             continue
         kind = types.get(key, bool)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        if not of_kind(value, kind):
             raise LoungeError(f"The option {key!r} must be {KIND_WORDS[kind]}, not {value!r}.")
         given[key] = value
     profile = body.get("profile")

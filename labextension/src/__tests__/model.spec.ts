@@ -590,28 +590,25 @@ describe('start defaults', () => {
   });
 
   it('shortens a source to its file base name', () => {
-    expect(shortSource('/home/u/.ipython/profile_default/ipython_config.py line 3')).toBe(
-      'ipython_config.py line 3'
-    );
-    expect(shortSource('/etc/lounge.toml line 12 ([start])')).toBe(
-      'lounge.toml line 12 ([start])'
-    );
-    expect(shortSource('/home/u/My Documents/lounge.toml line 2 ([start])')).toBe(
-      'lounge.toml line 2 ([start])'
-    );
-    expect(shortSource('C:\\Users\\ana\\.ipython\\profile_default\\ipython_config.py line 7')).toBe(
-      'ipython_config.py line 7'
-    );
-    expect(shortSource('built-in')).toBe('built-in');
-    expect(shortSource('jupyter_server_config.py line 4')).toBe(
-      'jupyter_server_config.py line 4'
-    );
-    expect(shortSource('the inventory /etc/lounge.toml ([start])')).toBe(
-      'the inventory lounge.toml ([start])'
-    );
-    expect(shortSource('$JUPYTER_LOUNGE_INVENTORY=/srv/x/lounge.toml line 5')).toBe(
-      '$JUPYTER_LOUNGE_INVENTORY=lounge.toml line 5'
-    );
+    const cases: [string, string][] = [
+      ['/home/u/.ipython/profile_default/ipython_config.py line 3', 'ipython_config.py line 3'],
+      ['/etc/lounge.toml line 12 ([start])', 'lounge.toml line 12 ([start])'],
+      ['/home/u/My Documents/lounge.toml line 2 ([start])', 'lounge.toml line 2 ([start])'],
+      [
+        'C:\\Users\\ana\\.ipython\\profile_default\\ipython_config.py line 7',
+        'ipython_config.py line 7'
+      ],
+      ['built-in', 'built-in'],
+      ['jupyter_server_config.py line 4', 'jupyter_server_config.py line 4'],
+      ['the inventory /etc/lounge.toml ([start])', 'the inventory lounge.toml ([start])'],
+      [
+        '$JUPYTER_LOUNGE_INVENTORY=/srv/x/lounge.toml line 5',
+        '$JUPYTER_LOUNGE_INVENTORY=lounge.toml line 5'
+      ]
+    ];
+    for (const [source, short] of cases) {
+      expect(shortSource(source)).toBe(short);
+    }
   });
 
   it('says where the configured defaults came from, grouped by source', () => {
