@@ -179,3 +179,91 @@ def test_the_agent_asks_the_common_abc_questions_before_it_forks():
         assert got.returncode == 0, got.stderr
         out[how] = int(got.stdout)
     assert out["cold"] > 10 and out["warm"] == 0, out
+
+
+_WORKER_VERSIONS = """
+import importlib.metadata, sys
+from distributed import versions
+from jupyter_lounge.engines.dask import DaskEngines
+
+if sys.argv[1] == "agent":
+    DaskEngines().agent_imports()
+def looked_up(name):  # an engine forked from here reading a package's metadata from disk
+    raise SystemExit(f"{name}'s version was looked up after the agent's imports")
+versions.version = looked_up
+print(versions.get_versions()["packages"]["distributed"])
+"""
+
+
+@pytest.mark.fast
+def test_the_agent_reads_the_package_versions_a_dask_worker_registers_with_before_it_forks():
+    """A Dask worker sends the scheduler nine packages' versions as it registers, each read
+    from that package's metadata on disk unless the process has it cached: the agent reads
+    them once, so a worker forked from it reads none."""
+    import distributed
+
+    out = {}
+    for how in ("bare", "agent"):
+        run = [sys.executable, "-c", _WORKER_VERSIONS, how]
+        got = subprocess.run(run, capture_output=True, text=True, timeout=120)
+        out[how] = (got.returncode, got.stdout.strip(), got.stderr.strip()[-200:])
+    assert out["agent"] == (0, distributed.__version__, ""), out
+    assert out["bare"][0] != 0 and "looked up after the agent's imports" in out["bare"][2], out
+
+
+def _versions(packages: dict | None) -> dict | None:
+    return None if packages is None else {"host": {"python": "3"}, "packages": packages}
+
+
+@pytest.mark.fast
+def test_the_schedulers_version_check_sees_each_kind_of_worker_once_and_says_what_dask_says():
+    """The scheduler's version warning for a registering worker is Dask's own, word for word,
+    whatever the workers' versions are; the check is given one worker of each distinct kind,
+    not every worker (it walked them all for every registration: O(N^2) for a cluster)."""
+    from distributed import versions
+
+    from jupyter_lounge.engines.dask_scheduler import versions_checked_once_per_kind
+
+    seen = []
+
+    def stock(scheduler, workers, source, source_name="Client"):
+        seen.append(len(workers))
+        return versions.error_message(scheduler, workers, source, source_name=source_name)
+
+    checked = versions_checked_once_per_kind(stock)
+    same = {"dask": "1", "distributed": "1", "tornado": "6"}
+    scheduler = _versions(same)
+    workers: dict = {}
+    for i in range(300):  # a cluster starting: one worker registers after another
+        workers[f"w{i}"] = source = _versions(dict(same))
+        got = checked(scheduler, workers, source, source_name=f"w{i}")
+        assert got == versions.error_message(scheduler, workers, source, f"w{i}")
+    assert got == {"warning": "", "error": ""} and max(seen) == 1, (got, seen[-3:])
+    # other kinds come and go: a worker with another Dask, one that sent none, one with a
+    # package missing; each time the answer is Dask's, from one worker of each kind
+    odd = {
+        "w300": _versions(same | {"dask": "2"}),
+        "w301": None,
+        "w302": _versions({"dask": "1", "distributed": "1"}),
+    }
+    for name, source in odd.items():
+        workers[name] = source
+        got = checked(scheduler, workers, source, source_name=name)
+        assert got == versions.error_message(scheduler, workers, source, name), name
+        assert seen[-1] == len({str(v and v["packages"]) for v in workers.values()})
+    assert "Mismatched versions found" in got["warning"] and "dask" in got["warning"]
+    for name in odd:
+        del workers[name]
+    for i in range(300):  # the odd ones left long ago: forgotten
+        del workers[f"w{i}"]
+        workers[f"v{i}"] = source = _versions(dict(same))
+        got = checked(scheduler, workers, source, source_name=f"v{i}")
+    assert (
+        got
+        == versions.error_message(scheduler, workers, source, "v299")
+        == {
+            "warning": "",
+            "error": "",
+        }
+    )
+    assert seen[-1] == 1
