@@ -215,7 +215,7 @@ def profile_config(profile: str = "default", strict: bool = False) -> Config:
 
                 raise LoungeError(
                     f"The IPython config {path} could not be read ({type(e).__name__}: {e}): "
-                    "fix it, or leave out --profile."
+                    "fix it, or start without that profile."
                 ) from None
             warnings.warn(
                 f"The IPython config {path} could not be read ({type(e).__name__}: {e}); "

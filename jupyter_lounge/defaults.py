@@ -265,7 +265,9 @@ def _profile_places(profile: str, table) -> tuple[dict | None, str | None]:
             else f"no lounge inventory at {inventory.default_path()}"
         )
         raise LoungeError(
-            f"No profile {profile!r}: there is {where} and no IPython profile folder {folder}."
+            f"No profile {profile!r}: there is {where} and no IPython profile folder {folder}: "
+            f"add that table, make the folder (ipython profile create {profile}), or start "
+            "without that profile."
         )
     return named, folder if exists else None
 

@@ -586,13 +586,16 @@ def test_the_nanny_gives_an_engine_its_relay_only_once_the_controller_can_reach_
         unreached = attach(f"tcp://127.0.0.1:{nobody}")
         assert unreached == {
             "error": f"the controller at tcp://127.0.0.1:{nobody} did not complete a "
-            f"connection within {ipp_nanny.HANDSHAKE_WAIT_S:g} s"
+            f"connection within {ipp_nanny.HANDSHAKE_WAIT_S:g} s: check that this node "
+            "reaches that address and port (a firewall between them, or an address this node "
+            "has no route to)"
         }
         _, stranger_port = controller(stranger_keys)  # not the key the node was given
         refused = attach(f"tcp://127.0.0.1:{stranger_port}")
         assert refused == {
             "error": f"the handshake with the controller at tcp://127.0.0.1:{stranger_port} "
-            "failed (its keys or its protocol are not this node's)"
+            "failed (its keys or its protocol are not this node's): stop the cluster and "
+            "start it again, so that its nodes get its keys"
         }
     finally:
         nanny.kill()

@@ -190,8 +190,19 @@ def test_lounge_config_says_where_each_default_came_from(places):
     out = lounge("config", "--profile", "ghost")
     assert out.returncode == 2 and out.stderr.strip() == (
         f"lounge: No profile 'ghost': there is no [start.ghost] table in {inv} and no IPython "
-        f"profile folder {places.ipython / 'profile_ghost'}."
+        f"profile folder {places.ipython / 'profile_ghost'}: add that table, make the folder "
+        "(ipython profile create ghost), or start without that profile."
     )
+    broken = places.ipython / "profile_broken"
+    broken.mkdir()
+    (broken / "ipython_config.py").write_text("c.Lounge.timeout = (\n")
+    out = lounge("config", "--profile", "broken")
+    assert out.returncode == 2 and out.stderr.startswith(
+        f"lounge: The IPython config {broken / 'ipython_config.py'} could not be read "
+        "(SyntaxError: "
+    ), out.stderr
+    assert out.stderr.rstrip().endswith("): fix it, or start without that profile."), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 # -- mistakes: one sentence, with the file, the line and the key ------------------------------

@@ -191,7 +191,8 @@ class NodeNanny:
             else:
                 ready(
                     f"the handshake with the controller at {content['control_url']} failed "
-                    "(its keys or its protocol are not this node's)"
+                    "(its keys or its protocol are not this node's): stop the cluster and "
+                    "start it again, so that its nodes get its keys"
                 )
 
         watch.on_recv(event)
@@ -199,7 +200,8 @@ class NodeNanny:
             HANDSHAKE_WAIT_S,
             ready,
             f"the controller at {content['control_url']} did not complete a connection "
-            f"within {HANDSHAKE_WAIT_S:g} s",
+            f"within {HANDSHAKE_WAIT_S:g} s: check that this node reaches that address and "
+            "port (a firewall between them, or an address this node has no route to)",
         )
 
     def _from_controller(self, engine: _Engine, raw: list) -> None:
