@@ -95,10 +95,21 @@ def test_sweep_items_are_keyword_arguments(kind, backend):
         cluster.stop_sync()
 
 
+def worker_folders(cluster) -> dict[int, str]:
+    """A Dask cluster's workers' folders by rank."""
+    from jupyter_lounge.engines.base import parse_engine_name
+
+    def folder(dask_worker):
+        return dask_worker.name, dask_worker.local_directory
+
+    return {parse_engine_name(n)[1]: d for n, d in cluster.client.run(folder).values()}
+
+
 def test_engine_killed_mid_map_loses_nothing(kind, pids_of):
     cluster = Lounge(3, engines=kind, wait=True).start_sync()
     try:
         victim = pids_of(cluster)[0]
+        before = worker_folders(cluster) if kind == "dask" else {}
 
         def kill_soon():
             time.sleep(1.0)
@@ -120,6 +131,16 @@ def test_engine_killed_mid_map_loses_nothing(kind, pids_of):
         cluster.wait_for_engines_sync(3, timeout=60)
         report = state.read_json(cluster.agents[0]["files"]["report"])
         assert sum(e["restarts"] for e in report["engines"].values()) == 1
+        if kind == "dask":  # each rank its own workspace; a replacement purges its dead one's
+            after = worker_folders(cluster)
+            assert set(after) == set(before) and after != before, (before, after)
+            for rank, folder in after.items():
+                workspace = os.path.dirname(folder)
+                assert os.path.basename(os.path.dirname(workspace)) == f"rank-{rank}"
+                assert {e for e in os.listdir(workspace) if not e.endswith(".lock")} == {
+                    os.path.basename(folder),
+                    os.path.basename(folder) + ".dirlock",
+                }, (rank, os.listdir(workspace))
     finally:
         cluster.stop_sync()
 
