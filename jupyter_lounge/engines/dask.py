@@ -267,7 +267,7 @@ class DaskEngines(EngineKind):
         host = route_to(address.split("://", 1)[1].rsplit(":", 1)[0])
         worker_class = members_only(Worker, "worker", f"{host}:0", tls)
         # A workspace per rank: a new worker tries the lock of every other worker's folder in
-        # its workspace, to purge those of dead workers (O(N^2) for a node's N workers: ~1.2 s
+        # its workspace, to purge those of dead workers (O(N^2) for a node's N workers: ~1.5 s
         # of CPU in all at 256); alone in its own, it purges only a dead predecessor's.
         workspace = options.get("local_directory")
         if workspace:

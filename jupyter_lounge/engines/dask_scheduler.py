@@ -26,7 +26,7 @@ def versions_checked_once_per_kind(error_message):
     Python: ~5 ms per registration at 4,096 workers, so a cluster's registrations cost O(N^2)
     in all. Its answer depends only on which distinct versions there are (it compares sets of
     them), and a cluster's workers mostly have one: this passes one worker of each on, and
-    looks at the others only as their ids (a pass in C, ~0.1 ms at 4,096)."""
+    looks at the others only as their ids (passes in C: ~0.4 ms per registration at 4,096)."""
     held: dict[int, object] = {}  # id(a worker's versions) -> them (held, so the id stays theirs)
     kinds: dict[tuple, set[int]] = {}  # distinct versions -> the ids of workers' that are them
 
