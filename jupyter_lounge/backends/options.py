@@ -89,12 +89,11 @@ def of_kind(value: Any, kind: type) -> bool:
     return isinstance(value, kind)
 
 
-def check(backend: str, name: str, value: Any, limits=None) -> Any:
+def check(backend: str, name: str, value: Any, limits) -> Any:
     """``value`` for the option ``name`` of ``backend`` (of its kind: see ``of_kind``),
     checked by the backend's own checks of its values, as a start checks its flags and its
     config; a mistake is the backend's LoungeError. Nothing is started or read (no
-    inventory, no Slurm; ``limits``: ``config.settings()`` where the caller has them, not
-    read again)."""
+    inventory, no Slurm; ``limits``: ``config.settings()``, read once by the caller)."""
     from traitlets.config import Configurable
 
     cls = backend_class(backend)
