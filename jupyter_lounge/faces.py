@@ -136,13 +136,13 @@ def _stage(args: argparse.Namespace, face: Face) -> str:
     backend = _ssh_backend(args.inventory, args.pool)
     nodes = list(backend.nodes.values())
     if args.list:
-        rows = run_sync(stage.listing(nodes, backend.ssh_command))
+        rows = run_sync(stage.listing(nodes, backend.reusing_ssh_command))
         return commands.format_rows(rows, stage.LIST_COLUMNS + ["error"], args.json)
     if args.remove:
-        rows = run_sync(stage.remove(nodes, backend.ssh_command, args.remove))
+        rows = run_sync(stage.remove(nodes, backend.reusing_ssh_command, args.remove))
         return commands.format_rows(rows, ["node", "name", "status"], args.json)
     name = args.name or Path(os.path.expanduser(args.dir)).resolve().name
-    rows = stage.stage(nodes, backend.ssh_command, args.dir, name, force=args.force)
+    rows = stage.stage(nodes, backend.reusing_ssh_command, args.dir, name, force=args.force)
     if not any(r["status"] in ("present", "shipped") for r in rows):
         why = "; ".join(f"{r['node']}: {r['status'].removeprefix('failed: ')}" for r in rows)
         raise LoungeError(f"No lounge node has data set {name!r} now ({why}).")

@@ -182,7 +182,7 @@ async def ask_lounge(backend, timeout: float = 20.0) -> list[dict]:
                 )
             else:
                 remote = shlex.join([node.python, "-m", "jupyter_lounge.telemetry"])
-            out = await call([*backend.ssh_command(node.name), remote], timeout=timeout)
+            out = await call([*backend.reusing_ssh_command(node.name), remote], timeout=timeout)
             sample = json.loads(out.strip().splitlines()[-1])
         except (LoungeError, ValueError, IndexError) as e:
             sample, error = None, str(e).rsplit("`", 1)[-1].strip()[:200]

@@ -11,11 +11,13 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -404,8 +406,67 @@ def test_ssh_is_run_without_forwarding_and_with_the_host_after_double_dash(tmp_p
         "StrictHostKeyChecking=yes",
         "ForwardAgent=no",
         "ClearAllForwardings=yes",
+        "ControlPath=none",  # an agent's session neither rides nor becomes a kept connection
     ):
         assert option in cmd
+
+
+@pytest.mark.fast
+def test_a_kept_connection_is_shared_only_by_the_same_options_in_a_folder_of_ours(
+    tmp_path, monkeypatch, request
+):
+    """Short sessions (sync, stage, survey) ride one connection per node and set of ssh
+    options, whose socket is in a private folder; a folder someone else made is not used, and
+    persist 0 keeps none."""
+    from jupyter_lounge.backends import ssh
+
+    inv = tmp_path / "lounge.toml"
+    node = 'host = "10.77.0.11"\nuser = "ana"\n'
+    inv.write_text(f'[[node]]\nname = "pc1"\n{node}\n[[node]]\nname = "pc2"\n{node}key = "/k"\n')
+    runtime = Path(tempfile.mkdtemp(dir="/tmp"))  # short: a socket's path is ~100 bytes at most
+    request.addfinalizer(lambda: shutil.rmtree(runtime))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    backend = ssh.SSHBackend(inventory=str(inv))
+
+    def option(cmd: list[str], name: str) -> str | None:
+        found = [o.split("=", 1)[1] for o in cmd if o.startswith(name + "=")]
+        assert len(found) <= 1, cmd
+        return found[0] if found else None
+
+    one, again = backend.reusing_ssh_command("pc1"), backend.reusing_ssh_command("pc1")
+    assert one == again and one[-2:] == ["--", "10.77.0.11"]
+    assert option(one, "ControlMaster") == "auto" and option(one, "ControlPersist") == "300"
+    socket_path = Path(option(one, "ControlPath"))
+    assert socket_path.parent == runtime / "lounge-ssh"
+    assert socket_path.parent.stat().st_mode & 0o777 == 0o700
+    other = option(backend.reusing_ssh_command("pc2"), "ControlPath")  # same host, another key
+    assert other != str(socket_path) and Path(other).parent == socket_path.parent
+    monkeypatch.setenv("JUPYTER_LOUNGE_DIR", str(tmp_path / "another-lounge"))
+    assert option(backend.reusing_ssh_command("pc1"), "ControlPath") != str(socket_path)
+
+    planted = runtime / "planted"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, 65534, 65534)  # nobody made it first
+    assert ssh.connections_dir([str(planted)]) is None
+    assert ssh.connections_dir([str(runtime / ("x" * 60))]) is None  # too long for a socket
+    assert ssh.connections_dir([str(runtime / "a b")]) is None  # no ssh option holds it
+    assert ssh.connections_dir([str(planted), str(runtime / "ok")]) == str(runtime / "ok")
+    monkeypatch.setattr(ssh, "connections_dir", lambda places=None: None)
+    assert option(backend.reusing_ssh_command("pc1"), "ControlPath") == "none"
+
+    monkeypatch.undo()
+    none = ssh.SSHBackend(inventory=str(inv), config=_config(SSHBackend={"persist": 0}))
+    cmd = none.reusing_ssh_command("pc1")
+    assert option(cmd, "ControlPath") == "none" and option(cmd, "ControlMaster") is None
+    for bad in (-1, 86401):
+        with pytest.raises(LoungeError, match=f"The ssh option persist is {bad}: give the"):
+            ssh.SSHBackend(inventory=str(inv), config=_config(SSHBackend={"persist": bad}))
+
+
+def _config(**sections):
+    from traitlets.config import Config
+
+    return Config(sections)
 
 
 # -- folders we trust --------------------------------------------------------------------------

@@ -397,3 +397,59 @@ def test_two_runs_on_two_pools_place_items_only_on_their_pools(lounge_toml, loun
     finally:
         cluster.stop_sync()
     assert processes_under(str(lounge_dir)) == []
+
+
+def test_short_sessions_share_a_kept_connection_per_node_and_agents_never_do(
+    lounge_toml, lounge_dir
+):
+    """`lounge stage --list` (as sync and stage) leaves one connection open to each node,
+    which the next short session rides (the same TCP connection: the same client port in
+    SSH_CONNECTION) and an agent's session does not; only we can reach its socket (a
+    stranger's `ssh -O check` is refused); close_connections ends them."""
+    import psutil
+
+    from jupyter_lounge.backends import make_backend
+
+    options = {k: v for k, v in lounge_toml.items() if k != "backend"}
+    backend = make_backend("ssh", **options)
+    backend.nodes.pop("pc-off")
+    listed = subprocess.run(
+        [sys.executable, "-m", "jupyter_lounge.cli", "stage", "--list", "--json", "--pool",
+         "gpu", "--inventory", lounge_toml["inventory"]],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+
+    def control(name: str, *argv: str, user: list[str] = ()) -> subprocess.CompletedProcess:
+        cmd = backend.reusing_ssh_command(name)
+        return subprocess.run(
+            [*user, *cmd[:-2], *argv, *cmd[-2:]], capture_output=True, text=True, timeout=30
+        )
+
+    def client(cmd: list[str]) -> str:  # "client-address client-port server-address 22"
+        out = subprocess.run([*cmd, "echo $SSH_CONNECTION"], capture_output=True, text=True,
+                             timeout=30, check=True).stdout  # fmt: skip
+        return out.strip().splitlines()[-1]
+
+    for name in ("node1", "node2", "node3"):
+        checked = control(name, "-O", "check")
+        assert checked.returncode == 0 and "Master running" in checked.stderr, checked
+    kept = client(backend.reusing_ssh_command("node1"))
+    assert client(backend.reusing_ssh_command("node1")) == kept
+    assert client(backend.ssh_command("node1")) != kept  # an agent's: a connection of its own
+
+    socket_path = next(o for o in backend.reusing_ssh_command("node1") if "ControlPath=" in o)
+    stranger = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    refused = control("node1", "-O", "check", user=stranger)
+    assert refused.returncode != 0 and "Permission denied" in refused.stderr, refused
+
+    master = [  # "ssh: SOCKET [mux]"
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if socket_path.split("=", 1)[1] in " ".join(p.info["cmdline"] or ())
+    ]
+    assert len(master) == 1, master
+    backend.close_connections()
+    for name in ("node1", "node2", "node3"):
+        assert control(name, "-O", "check").returncode != 0
+    wait_until(lambda: not master[0].is_running(), 10, "node1's kept connection's ssh to exit")
