@@ -11,7 +11,10 @@ from its start until the last node has it. The trees:
 
 The ways:
 
-* ours: ``jupyter_lounge.sync.put_tree(nodes, backend.ssh_command, kind, name, build)`` with
+* ours: ``jupyter_lounge.sync.put_tree(nodes, backend.reusing_ssh_command, kind, name,
+  build)`` (as ``lounge sync`` and ``lounge stage`` call it: each node's session rides the
+  SSH connection kept open to it, made by the first session and open for
+  ``c.SSHBackend.persist`` s, 300, after its last) with
   the ssh backend of an inventory made as tests/conftest.py's ``inventory_for_testbed`` makes
   it, except that ``local_dir`` is ``/var/local/lounge-bench``, so that removing the store
   between repetitions does not pull it from under the tests that may be using the testbed's
@@ -30,7 +33,13 @@ The ways:
   (``lounge sync --force`` lists and checks them all).
 * rsync: ``rsync -a --stats -e "ssh OPTIONS" SRC/ NODE:/var/local/bench-rsync/KIND/``, one
   rsync per node, all started at once (as a user's loop with ``&`` would); OPTIONS are the
-  ones the backend's ``ssh_command`` uses. Bytes sent: the sum of rsync's "Total bytes sent".
+  ones the backend's ``ssh_command`` uses (an agent's: a new connection per session, as
+  ssh's own default). Bytes sent: the sum of rsync's "Total bytes sent".
+* (``--ways``, not run unless named) ours-fresh: ours with a new connection per session
+  (``backend.ssh_command``: what ours takes when no connection is kept, persist 0, or after
+  it closed); rsync-kept: rsync over the connections ours keeps
+  (``backend.reusing_ssh_command``'s options), which shows how much of ours' lead is the
+  kept connection rather than the program.
 * tar|ssh: ``tar -C SRC -cf - . | ssh OPTIONS NODE 'mkdir -p DEST && tar -C DEST -xf -'``
   per node, all at once, DEST ``/var/local/bench-tar/KIND``. Bytes sent: the sum of the tar
   streams' sizes (``tar --totals``).
@@ -58,7 +67,8 @@ as it is; the difference is a few files. After each sync the files on every node
 counted and summed (and ours' rows checked: status, files, bytes); what does not match is
 printed as a note under the table. Nothing is asserted.
 
-    python bench/sync.py [--repeat 3] [--quick] [--json out.json]
+    python bench/sync.py [--repeat 3] [--quick] [--trees env,data] [--ways ours,rsync,tar|ssh]
+                         [--json out.json]
 """
 
 from __future__ import annotations
@@ -86,6 +96,7 @@ TAR_DIR = "/var/local/bench-tar"
 EDIT = "lib/bench_edit.py"  # the file the env re-sync adds
 WAIT_S = 1800.0  # the most one sync of one way may take
 WAYS = ("ours", "rsync", "tar|ssh")
+MORE_WAYS = ("ours-fresh", "rsync-kept")  # run when --ways names them
 TESTBED_ENV = ("LOUNGE_TESTBED_KEY", "LOUNGE_TESTBED_KNOWN_HOSTS")
 
 
@@ -248,6 +259,7 @@ def wait_all(procs: dict, case: str, way: str, notes: list[str]) -> dict[str, st
 class Ours(Way):
     name = "ours"
     dest = LOCAL_DIR
+    kept = True  # on the connections kept open to the nodes, as lounge sync and stage are
 
     def __init__(self, backend, notes, lounge_dir: str):
         super().__init__(backend, notes)
@@ -285,7 +297,7 @@ class Ours(Way):
                 return built["tree"]
 
         t0 = time.perf_counter()
-        ssh = self.backend.ssh_command
+        ssh = self.backend.reusing_ssh_command if self.kept else self.backend.ssh_command
         rows = sync.put_tree(self.nodes, ssh, kind, name, build, progress=False)
         seconds = time.perf_counter() - t0
         self.build_s.setdefault(case, []).append(built.get("seconds", 0.0))
@@ -315,6 +327,11 @@ class Ours(Way):
         else:
             self.check_counts(target, case, f"{LOCAL_DIR}/data/bench", expect)
         return seconds, sum(r["wire"] for r in rows.values())
+
+
+class OursFresh(Ours):
+    name = "ours-fresh"
+    kept = False
 
 
 class Rsync(Way):
@@ -347,6 +364,13 @@ class Rsync(Way):
                 self.notes.append(f"{case}, rsync: {node}: no 'Total bytes sent' in its output")
         self.check_counts(target, case, f"{self.dest}/{target.kind}", target.expected())
         return seconds, sent
+
+
+class RsyncKept(Rsync):
+    name = "rsync-kept"
+
+    def ssh(self, node) -> list[str]:
+        return self.backend.reusing_ssh_command(node.name)
 
 
 class TarSsh(Way):
@@ -471,11 +495,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--trees", default="env,data", help="which trees to sync: env, data or both (env,data)"
     )
+    ap.add_argument(
+        "--ways",
+        default=",".join(WAYS),
+        help=f"which ways, comma-separated, of {', '.join(WAYS + MORE_WAYS)} (ours always runs)",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = ap.parse_args(argv)
     trees = args.trees.split(",")
     if not trees or set(trees) - {"env", "data"}:
         ap.error(f"--trees {args.trees!r}: name env, data or both, comma-separated")
+    names = args.ways.split(",")
+    if set(names) - set(WAYS + MORE_WAYS):
+        ap.error(f"--ways {args.ways!r}: name some of {', '.join(WAYS + MORE_WAYS)}")
     if missing := [v for v in TESTBED_ENV if not os.environ.get(v)]:
         ap.error(f"no SSH testbed here ({', '.join(missing)} unset): set -a; . ./.testbed.env")
     ensure_rsync()
@@ -498,9 +530,15 @@ def main(argv: list[str] | None = None) -> None:
             shutil.copystat(src, dst)  # the merged folders keep the venv's modes and times
         targets = [Target("env", sys.prefix, extra), Target("data", str(data))]
         targets = [t for t in targets if t.kind in trees]
-        ways = [Ours(backend, notes, os.environ["JUPYTER_LOUNGE_DIR"])]
-        ways += [Rsync(backend, notes), TarSsh(backend, notes)]
-        rows = measure(ways, targets, args, notes)
+        lounge = os.environ["JUPYTER_LOUNGE_DIR"]
+        ways = [Ours(backend, notes, lounge)]
+        if "ours-fresh" in names:
+            ways.append(OursFresh(backend, notes, lounge))
+        ways += [way(backend, notes) for way in (Rsync, RsyncKept, TarSsh) if way.name in names]
+        try:
+            rows = measure(ways, targets, args, notes)
+        finally:
+            backend.close_connections()  # ours' and rsync-kept's, which would stay open
         for case, took in ways[0].build_s.items():  # how much of ours' time was build()
             for row in rows:
                 if (row["case"], row["way"]) == (case, "ours") and row["seconds"] is not None:
