@@ -139,7 +139,10 @@ def test_the_hub_still_refuses_a_pending_engine_twice_without_scanning_them_all(
         sock.linger = 0
         sock.curve_serverkey = info["curve_serverkey"].encode()
         sock.curve_publickey, sock.curve_secretkey = public, secret
-        sock.identity = uuid.encode()
+        # a socket identity of its own: the hub's ROUTER ignores a peer whose identity a
+        # closing socket still holds there, so a second registration under the first's
+        # identity was answered to nobody when it came before the first socket's goodbye
+        sock.identity = f"{uuid}-{os.urandom(4).hex()}".encode()
         sock.connect(f"{info['interface']}:{info['registration']}")
         content = {"uuid": uuid} if asked is None else {"uuid": uuid, "id": asked}
         session.send(sock, "registration_request", content)
