@@ -418,6 +418,8 @@ def test_a_kept_connection_is_shared_only_by_the_same_options_in_a_folder_of_our
     """Short sessions (sync, stage, survey) ride one connection per node and set of ssh
     options, whose socket is in a private folder; a folder someone else made is not used, and
     persist 0 keeps none."""
+    from traitlets.config import Config
+
     from jupyter_lounge.backends import ssh
 
     inv = tmp_path / "lounge.toml"
@@ -455,18 +457,12 @@ def test_a_kept_connection_is_shared_only_by_the_same_options_in_a_folder_of_our
     assert option(backend.reusing_ssh_command("pc1"), "ControlPath") == "none"
 
     monkeypatch.undo()
-    none = ssh.SSHBackend(inventory=str(inv), config=_config(SSHBackend={"persist": 0}))
+    none = ssh.SSHBackend(inventory=str(inv), config=Config({"SSHBackend": {"persist": 0}}))
     cmd = none.reusing_ssh_command("pc1")
     assert option(cmd, "ControlPath") == "none" and option(cmd, "ControlMaster") is None
     for bad in (-1, 86401):
         with pytest.raises(LoungeError, match=f"The ssh option persist is {bad}: give the"):
-            ssh.SSHBackend(inventory=str(inv), config=_config(SSHBackend={"persist": bad}))
-
-
-def _config(**sections):
-    from traitlets.config import Config
-
-    return Config(sections)
+            ssh.SSHBackend(inventory=str(inv), config=Config({"SSHBackend": {"persist": bad}}))
 
 
 # -- folders we trust --------------------------------------------------------------------------

@@ -431,25 +431,28 @@ def test_short_sessions_share_a_kept_connection_per_node_and_agents_never_do(
                              timeout=30, check=True).stdout  # fmt: skip
         return out.strip().splitlines()[-1]
 
-    for name in ("node1", "node2", "node3"):
-        checked = control(name, "-O", "check")
-        assert checked.returncode == 0 and "Master running" in checked.stderr, checked
-    kept = client(backend.reusing_ssh_command("node1"))
-    assert client(backend.reusing_ssh_command("node1")) == kept
-    assert client(backend.ssh_command("node1")) != kept  # an agent's: a connection of its own
+    try:
+        for name in ("node1", "node2", "node3"):
+            checked = control(name, "-O", "check")
+            assert checked.returncode == 0 and "Master running" in checked.stderr, checked
+        kept = client(backend.reusing_ssh_command("node1"))
+        assert client(backend.reusing_ssh_command("node1")) == kept
+        assert client(backend.ssh_command("node1")) != kept  # an agent's: a connection of its own
 
-    socket_path = next(o for o in backend.reusing_ssh_command("node1") if "ControlPath=" in o)
-    stranger = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
-    refused = control("node1", "-O", "check", user=stranger)
-    assert refused.returncode != 0 and "Permission denied" in refused.stderr, refused
+        socket_path = next(o for o in backend.reusing_ssh_command("node1") if "ControlPath=" in o)
+        stranger = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+        refused = control("node1", "-O", "check", user=stranger)
+        assert refused.returncode != 0 and "Permission denied" in refused.stderr, refused
 
-    master = [  # "ssh: SOCKET [mux]"
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if socket_path.split("=", 1)[1] in " ".join(p.info["cmdline"] or ())
-    ]
-    assert len(master) == 1, master
-    backend.close_connections()
-    for name in ("node1", "node2", "node3"):
-        assert control(name, "-O", "check").returncode != 0
-    wait_until(lambda: not master[0].is_running(), 10, "node1's kept connection's ssh to exit")
+        master = [  # "ssh: SOCKET [mux]"
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if socket_path.split("=", 1)[1] in " ".join(p.info["cmdline"] or ())
+        ]
+        assert len(master) == 1, master
+        backend.close_connections()
+        for name in ("node1", "node2", "node3"):
+            assert control(name, "-O", "check").returncode != 0
+        wait_until(lambda: not master[0].is_running(), 10, "node1's kept connection's ssh to exit")
+    finally:  # a failed assertion leaves no connection open for 5 minutes
+        backend.close_connections()

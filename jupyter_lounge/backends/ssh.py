@@ -333,8 +333,9 @@ def connections_dir(places: list[str] | None = None) -> str | None:
         return None
     if places is None:
         places = [f"/tmp/lounge-ssh-{os.geteuid()}"]
-        if os.environ.get("XDG_RUNTIME_DIR", "").startswith("/"):
-            places.insert(0, os.path.join(os.environ["XDG_RUNTIME_DIR"], "lounge-ssh"))
+        runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+        if runtime.startswith("/") and os.path.isdir(runtime):  # never made here: the login's
+            places.insert(0, os.path.join(runtime, "lounge-ssh"))
     for path in places:
         if len(path) > 56 or not re.fullmatch(r"[\w./+-]+", path):
             continue
