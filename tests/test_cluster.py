@@ -300,7 +300,34 @@ def test_an_ipyparallel_engine_takes_what_its_agent_made_before_the_fork():
             app = IPEngine.instance()
             return app.lounge_initialized, app.session.pid == os.getpid(), app.session.session
 
+        def shell():
+            import builtins
+            import os
+            import sys
+
+            from ipyparallel.engine.kernel import IPythonParallelKernel
+            from IPython import get_ipython
+
+            from jupyter_lounge.engines import ipyparallel
+
+            shell = get_ipython()
+            kernel = IPythonParallelKernel.instance()
+            return (
+                shell is ipyparallel._made.shell,  # made by the agent before the fork
+                shell.kernel is kernel and shell.parent is kernel and kernel.shell is shell,
+                shell.displayhook.pub_socket is kernel.iopub_socket,
+                (builtins.__IPYTHON__, os.environ["PAGER"], sys.modules["__main__"].__name__),
+            )
+
         assert run_everywhere(cluster, seen) == [(True, False, True, True)] * 2
+        made = (True, True, True, (True, "cat", "__main__"))
+        assert run_everywhere(cluster, shell) == [made] * 2
+        # the shell at work: each engine's namespace, output and results are its own
+        code = "import os; x = os.getpid(); print(x); x"
+        ar = cluster.client[:].execute(code, silent=False, block=True)
+        xs = cluster.client[:].pull("x", block=True)
+        assert len(set(xs)) == 2 and ar.stdout == [f"{x}\n" for x in xs], (xs, ar.stdout)
+        assert [r["data"]["text/plain"] for r in ar.execute_result] == [str(x) for x in xs]
         made = run_everywhere(cluster, session)
         assert [m[:2] for m in made] == [(True, True)] * 2, made
         assert len({m[2] for m in made}) == 2, made  # a session id each
