@@ -298,7 +298,13 @@ def test_an_ipyparallel_engine_takes_what_its_agent_made_before_the_fork():
             from ipyparallel.engine.app import IPEngine
 
             app = IPEngine.instance()
-            return app.lounge_initialized, app.session.pid == os.getpid(), app.session.session
+            # no Python woken at every ping of the controller's (the agent watches it)
+            listens = app._hb_listener is not None or app.max_heartbeat_misses != 0
+            return (
+                app.lounge_initialized and not listens,
+                app.session.pid == os.getpid(),
+                app.session.session,
+            )
 
         def shell():
             import builtins
