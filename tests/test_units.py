@@ -181,6 +181,51 @@ def test_the_agent_asks_the_common_abc_questions_before_it_forks():
     assert out["cold"] > 10 and out["warm"] == 0, out
 
 
+_HOLES = """
+import ctypes, os, resource, sys
+from jupyter_lounge import node
+
+libc = ctypes.CDLL(None)
+malloc, free, memset = libc.malloc, libc.free, ctypes.memset
+malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+free.argtypes = [ctypes.c_void_p]
+pairs = [(malloc(200), malloc(3880)) for _ in range(5000)]  # about a page each
+for small, _ in pairs:
+    free(small)  # a hole on every page, too big for the fastbins
+got = node._take_up_malloc_holes() if sys.argv[1] == "taken" else {}
+sizes = [200] * 5000
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:  # an engine: its allocations, and the pages of the parent they copy
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for size in sizes:
+        memset(malloc(size), 1, size)
+    os.write(w, str(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before).encode())
+    os._exit(0)
+os.close(w)
+faults = int(os.read(r, 100))
+os.waitpid(pid, 0)
+print(json.dumps({"faults": faults, **got}))
+""".replace("import ctypes,", "import json, ctypes,")
+
+
+@pytest.mark.fast
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
+def test_the_agent_takes_up_the_holes_in_its_c_heap_before_it_forks():
+    """A forked engine's malloc served from a hole of the agent's heap copies the page the
+    hole is on. With a hole on each of 5,000 pages, a child's 5,000 small allocations copy
+    about 5,000 pages; after _take_up_malloc_holes they come from fresh pages (1 MB)."""
+    out = {}
+    for how in ("cold", "taken"):
+        run = [sys.executable, "-c", _HOLES, how]
+        got = subprocess.run(run, capture_output=True, text=True, timeout=120)
+        assert got.returncode == 0, got.stderr
+        out[how] = json.loads(got.stdout)
+    assert out["cold"]["faults"] > 4000, out  # the holes were used
+    assert out["taken"]["faults"] < 600, out  # about 250 fresh pages, and Python's own
+    assert out["taken"]["taken"] >= 5000 * 200 and out["taken"]["free_after"] < 2**20, out
+
+
 _MADE_SHELL = """
 import atexit, builtins, json, os, sys, threading
 from jupyter_lounge.engines import ipyparallel as ipp
