@@ -328,6 +328,12 @@ class _Driver:
             else:
                 again.append(i)
         self.todo.extendleft(reversed(again))
+        # in the run's driver.log: what a map that stalls or loses items went through
+        print(
+            f"driver: a batch of {len(indices)} items on engine {engine} was lost ({why}); "
+            f"{len(again)} go back in the queue, {len(indices) - len(again)} are given up",
+            flush=True,
+        )
 
     def _idle(self) -> None:
         """No batch is out: no engine yet, or none left. Wait for one, or say why not (the

@@ -233,7 +233,7 @@ def test_a_lost_batch_runs_again_elsewhere_and_keeps_its_rows():
 
 
 def test_the_batches_of_a_lost_node_run_elsewhere_though_the_controller_still_has_it(
-    monkeypatch,
+    monkeypatch, capsys
 ):
     """A powered-off PC: its engine's batch never comes back and the controller (its
     heartbeat slow on purpose) still lists the engine; the node's agent is lost."""
@@ -261,6 +261,9 @@ def test_the_batches_of_a_lost_node_run_elsewhere_though_the_controller_still_ha
     assert list(df.result) == [v * 10 for v in range(40)] and df.error.isna().all()
     assert 1 not in set(df.engine) and sum(1 for e, _ in kind.sent if e == 1) == 1
     assert [kind.engines(None)] == [{0: "node0", 1: "node1", 2: "node2"}]  # still listed
+    said = capsys.readouterr().out  # the driver's log says so
+    assert "on engine 1 was lost (its node (node1) was lost: the SSH session to" in said, said
+    assert "go back in the queue, 0 are given up" in said, said
 
 
 def test_an_item_lost_more_often_than_retries_says_so_in_its_row():
