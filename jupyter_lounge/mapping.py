@@ -330,8 +330,8 @@ class _Driver:
         self.todo.extendleft(reversed(again))
         # in the run's driver.log: what a map that stalls or loses items went through
         print(
-            f"driver: a batch of {len(indices)} items on engine {engine} was lost ({why}); "
-            f"{len(again)} go back in the queue, {len(indices) - len(again)} are given up",
+            f"driver: lost a batch on engine {engine} ({why}): items back in the queue "
+            f"{len(again)}, given up {len(indices) - len(again)}",
             flush=True,
         )
 

@@ -262,8 +262,8 @@ def test_the_batches_of_a_lost_node_run_elsewhere_though_the_controller_still_ha
     assert 1 not in set(df.engine) and sum(1 for e, _ in kind.sent if e == 1) == 1
     assert [kind.engines(None)] == [{0: "node0", 1: "node1", 2: "node2"}]  # still listed
     said = capsys.readouterr().out  # the driver's log says so
-    assert "on engine 1 was lost (its node (node1) was lost: the SSH session to" in said, said
-    assert "go back in the queue, 0 are given up" in said, said
+    assert "lost a batch on engine 1 (its node (node1) was lost: the SSH session to" in said
+    assert "): items back in the queue 1, given up 0" in said, said
 
 
 def test_an_item_lost_more_often_than_retries_says_so_in_its_row():
