@@ -164,10 +164,12 @@ def _take_up_malloc_holes(limit: int = 200_000) -> dict:
     small free chunks and gives the pages inside the big ones back (so what follows writes
     only the chunks' headers); then each size is allocated until malloc serves it from the
     top of the heap. Those blocks are never freed (the agent already had their pages). At
-    most the free bytes mallinfo2 counted (and a MiB), and ``limit`` calls, are taken. Where the C
-    library is not glibc 2.33 or later, nothing is done and {} comes back."""
+    most the free bytes mallinfo2 counted (and a MiB), and ``limit`` calls, are taken. Where
+    the C library is not glibc 2.33 or later, nothing is done and {} comes back."""
     import ctypes
 
+    if not sys.platform.startswith("linux"):
+        return {}
     try:
         libc = ctypes.CDLL(None)
         mallinfo2, malloc, free = libc.mallinfo2, libc.malloc, libc.free
@@ -187,7 +189,6 @@ def _take_up_malloc_holes(limit: int = 200_000) -> dict:
     free.restype, free.argtypes = None, [ctypes.c_void_p]
     sbrk.restype, sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
     trim.restype, trim.argtypes = ctypes.c_int, [ctypes.c_size_t]
-    t0 = time.perf_counter()
     trim(0)
     before = mallinfo2()
     # free bytes outside the top chunk (all arenas'; what the tcache holds is not counted):
@@ -207,13 +208,7 @@ def _take_up_malloc_holes(limit: int = 200_000) -> dict:
                 break
             taken += size + 16  # a chunk's header and rounding, at most
     after = mallinfo2()
-    return {
-        "free_before": before.fordblks - before.keepcost,
-        "free_after": after.fordblks - after.keepcost,
-        "taken": taken,
-        "calls": calls,
-        "ms": round(1000 * (time.perf_counter() - t0), 1),
-    }
+    return {"taken": taken, "free_after": after.fordblks - after.keepcost}
 
 
 def _reseed(rank: int) -> None:
@@ -755,8 +750,7 @@ class NodeAgent:
             _warm_abc_caches()
             gc.collect()
             gc.freeze()
-            if sys.platform.startswith("linux"):
-                _take_up_malloc_holes()
+            _take_up_malloc_holes()
             self._lap("gc_freeze")
             self.start_service()
         self._start_watching()

@@ -209,6 +209,18 @@ def pids_of():
     return engine_pids
 
 
+def map_or_show_driver_log(cluster, lounge_dir: Path, fn, items, timeout: float):
+    """``cluster.map``; should it time out, the failure carries the run's driver.log (what
+    the driver went through: a power-cut map stalled once with nothing else to go on)."""
+    from jupyter_lounge.errors import LoungeTimeout
+
+    try:
+        return cluster.map(fn, items, progress=False, timeout=timeout)
+    except LoungeTimeout as e:
+        logs = "".join(p.read_text() for p in lounge_dir.glob("**/runs/driver.log"))
+        raise AssertionError(f"{e}\ndriver.log:\n{logs}") from e
+
+
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
     deadline = time.monotonic() + timeout
     while True:

@@ -15,7 +15,12 @@ import pytest
 from jupyter_lounge import Lounge, state
 from jupyter_lounge.errors import LoungeError, LoungeTimeout
 
-from .conftest import processes_under, slurm_testbed_problem, wait_until
+from .conftest import (
+    map_or_show_driver_log,
+    processes_under,
+    slurm_testbed_problem,
+    wait_until,
+)
 
 INFRA = Path(__file__).parent / "infra"
 
@@ -213,11 +218,7 @@ def test_node_power_cut_mid_map_loses_no_item(kind, lounge_dir):
         victim = cluster.nodes_status()[1]["node"]  # e.g. node2
         index = victim.removeprefix("node")
         threading.Timer(1.5, subprocess.run, ([str(INFRA / "kill-node"), index],)).start()
-        try:
-            df = cluster.map(slow, range(30), progress=False, timeout=60)
-        except LoungeTimeout as e:  # what the run's driver went through (it stalled once)
-            logs = "".join(p.read_text() for p in lounge_dir.glob("*/runs/driver.log"))
-            raise AssertionError(f"{e}\ndriver.log:\n{logs}") from e
+        df = map_or_show_driver_log(cluster, lounge_dir, slow, range(30), timeout=60)
         assert df.error.isna().all(), df.error.dropna().tolist()
         assert [r[0] for r in df.result] == list(range(30))
         late = {r[1] for r in df.result[-6:]}

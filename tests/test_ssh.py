@@ -19,6 +19,7 @@ from jupyter_lounge.errors import LoungeError
 
 from .conftest import (
     inventory_for_testbed,
+    map_or_show_driver_log,
     node_processes,
     processes_under,
     slurm_testbed_problem,
@@ -253,7 +254,7 @@ def test_node_power_cut_mid_map_loses_no_item(kind, lounge_toml, lounge_dir):
             return x, socket.gethostname()
 
         threading.Timer(1.5, subprocess.run, ([str(INFRA / "kill-node"), "3"],)).start()
-        df = cluster.map(slow, range(30), progress=False, timeout=60)
+        df = map_or_show_driver_log(cluster, lounge_dir, slow, range(30), timeout=60)
         assert df.error.isna().all(), df.error.dropna().tolist()
         assert [r[0] for r in df.result] == list(range(30))
         assert "node3" not in {r[1] for r in df.result[-6:]}

@@ -182,7 +182,7 @@ def test_the_agent_asks_the_common_abc_questions_before_it_forks():
 
 
 _HOLES = """
-import ctypes, os, resource, sys
+import ctypes, json, os, resource, sys
 from jupyter_lounge import node
 
 libc = ctypes.CDLL(None)
@@ -193,20 +193,19 @@ pairs = [(malloc(200), malloc(3880)) for _ in range(5000)]  # about a page each
 for small, _ in pairs:
     free(small)  # a hole on every page, too big for the fastbins
 got = node._take_up_malloc_holes() if sys.argv[1] == "taken" else {}
-sizes = [200] * 5000
 r, w = os.pipe()
 pid = os.fork()
 if pid == 0:  # an engine: its allocations, and the pages of the parent they copy
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for size in sizes:
-        memset(malloc(size), 1, size)
+    for _ in range(5000):
+        memset(malloc(200), 1, 200)
     os.write(w, str(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before).encode())
     os._exit(0)
 os.close(w)
 faults = int(os.read(r, 100))
 os.waitpid(pid, 0)
 print(json.dumps({"faults": faults, **got}))
-""".replace("import ctypes,", "import json, ctypes,")
+"""
 
 
 @pytest.mark.fast
