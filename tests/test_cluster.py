@@ -4,6 +4,7 @@ testbed). The rest reach into local processes (kill an engine by pid, and so on)
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import signal
@@ -253,6 +254,16 @@ def test_tensorflow_preloaded_runs_an_op_in_every_engine(kind):
 
         out = run_everywhere(cluster, tf_op)
         assert sorted(out) == [(64.0, "0"), (64.0, "1"), (64.0, "2")]
+
+        def collector():
+            import gc
+
+            return gc.isenabled(), gc.get_threshold(), gc.get_freeze_count()
+
+        # the agent imported with no full collection, froze what it made, and its engines
+        # collect as any Python does
+        for enabled, thresholds, frozen in run_everywhere(cluster, collector):
+            assert enabled and thresholds == gc.get_threshold() and frozen > 100_000
 
         def draw():
             import numpy as np

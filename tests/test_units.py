@@ -225,6 +225,38 @@ def test_the_agent_takes_up_the_holes_in_its_c_heap_before_it_forks():
     assert out["taken"]["taken"] >= 5000 * 200 and out["taken"]["free_after"] < 2**20, out
 
 
+_YOUNG_ONLY = """
+import gc, json, sys
+from jupyter_lounge import node
+stock = gc.get_threshold()
+if sys.argv[1] == "young only":
+    thresholds = node._young_collections_only()
+before = [s["collections"] for s in gc.get_stats()]
+kept = [[i] for i in range(2_000_000)]  # as an import makes objects that stay
+after = [s["collections"] for s in gc.get_stats()]
+if sys.argv[1] == "young only":
+    gc.set_threshold(*thresholds)
+print(json.dumps({"young": after[0] - before[0], "full": after[2] - before[2],
+                  "restored": gc.get_threshold() == stock}))
+"""
+
+
+def test_the_agent_imports_with_no_full_collection_and_gives_engines_the_stock_collector():
+    """While the agent imports, the young generations are still collected but never the
+    whole heap (each full collection walks every object made so far: ~0.9 s of importing
+    TensorFlow); afterwards the thresholds are what they were."""
+    out = {}
+    for how in ("stock", "young only"):
+        got = subprocess.run(
+            [sys.executable, "-c", _YOUNG_ONLY, how], capture_output=True, text=True, timeout=120
+        )
+        assert got.returncode == 0, got.stderr
+        out[how] = json.loads(got.stdout)
+    assert out["stock"]["full"] >= 1, out  # what is avoided happens without it
+    assert out["young only"]["full"] == 0 and out["young only"]["young"] > 1000, out
+    assert out["young only"]["restored"] and out["stock"]["restored"], out
+
+
 _MADE_SHELL = """
 import atexit, builtins, json, os, sys, threading
 from jupyter_lounge.engines import ipyparallel as ipp
