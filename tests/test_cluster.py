@@ -392,6 +392,30 @@ def test_encrypted_and_signed_by_default(kind):
         cluster.stop_sync()
 
 
+def test_an_ipyparallel_engine_that_stops_answering_is_dropped_by_the_heartbeat():
+    """An engine frozen (alive to its agent, silent to the controller) is unregistered once
+    it has missed 20 beats of the controller's heart monitor (150 ms here), while the others,
+    answering every beat, stay registered and run what they are sent."""
+    cluster = Lounge(3, wait=True).start_sync()
+    try:
+        rc = cluster.client
+        rows = sorted(cluster.engines(), key=lambda r: r["rank"])
+        frozen, others = rows[0], rows[1:]
+        time.sleep(1.5)  # ten beats: every engine answered them
+        assert sorted(rc.ids) == [0, 1, 2]
+        os.kill(frozen["pid"], signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 30
+            while 0 in rc.ids and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert sorted(rc.ids) == [1, 2], "the frozen engine was not dropped within 30 s"
+            assert sorted(rc[:].apply_sync(os.getpid)) == sorted(r["pid"] for r in others)
+        finally:
+            os.kill(frozen["pid"], signal.SIGCONT)
+    finally:
+        cluster.stop_sync()
+
+
 def test_engines_report_per_engine_state(pids_of):
     cluster = Lounge(3, nodes=2, wait=True).start_sync()
     try:

@@ -19,6 +19,9 @@ found while 4,096 simulated engines registered (``bench/controller_scale.py``):
   that flood, O(pending) per engine): the hub's CPU per registered engine went from 1.5 to
   0.9 ms at 4,096. The rate here is bound by the machine's 2 cores, which the simulators
   share (see docs/scale.md), so it stayed near 195/s.
+
+And its heart monitor reads the engines' answers to a ping all at once, at the next beat
+(``_heart_monitor_class``), where the stock one handles each as its own event.
 """
 
 from __future__ import annotations
@@ -100,6 +103,84 @@ def _register_keyed(hub, register, reg, msg):
                 pending[heart] = connector
 
 
+def _heart_monitor_class() -> type:
+    import time
+
+    import zmq
+    from ipyparallel.controller.heartmonitor import HeartMonitor
+    from tornado import ioloop
+
+    class LoungeHeartMonitor(HeartMonitor):
+        """The stock heart monitor, but the engines' answers (pongs) wait in its socket and
+        are read all at once as it beats, not each through the event loop as it comes: the
+        stock way cost ~17 us of Python per pong here, this ~3 us, and at 256 engines and
+        150 ms that is 1,700 pongs a second: the heart monitor of 256 idle engines took 6.0
+        to 6.6% of a core, the stock one 8.6 (most of the rest is CurveZMQ and TCP in ZMQ's
+        I/O thread; a launch's time did not move within this machine's noise). What a beat
+        decides is the stock one's: an answer to the last ping counts, one to the ping
+        before is late but counts, any other is ignored."""
+
+        def start(self):
+            self.monitor_stream.socket.recv_multipart()  # the hub has subscribed
+            self.tic = time.monotonic()
+            self.caller = ioloop.PeriodicCallback(self.beat, self.period)
+            self.caller.start()
+
+        def take_pongs(self) -> None:
+            socket = self.pong_stream.socket
+            current = str(self.lifetime).encode("ascii")
+            last = str(self.last_ping).encode("ascii")
+            late = other = 0
+            while True:
+                try:
+                    heart, *rest = socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                stamp = rest[0] if rest else None
+                if stamp == current:
+                    self.responses.add(heart)
+                elif stamp == last:
+                    self.responses.add(heart)
+                    late += 1
+                else:
+                    other += 1
+            if late or other:
+                self.log.warning(
+                    "heartbeat: %d engines answered a beat late, %d with an unknown beat",
+                    late,
+                    other,
+                )
+
+        def beat(self):
+            self.take_pongs()  # before the beat's stamps move on
+            self.last_ping = self.lifetime
+            toc = time.monotonic()
+            self.lifetime += toc - self.tic
+            self.tic = toc
+            good = self.hearts & self.responses
+            new = self.responses - good
+            if new:
+                self.handle_new_hearts(new)
+            failures, self.on_probation = self._check_missed(
+                self.hearts - good, self.on_probation, self.hearts
+            )
+            if failures:
+                self.handle_heart_failure(failures)
+            self.responses = set()
+            self.ping_stream.send(str(self.lifetime).encode("ascii"))
+            self.ping_stream.flush()
+
+    return LoungeHeartMonitor
+
+
+def _use_lounge_heart_monitor() -> None:
+    """The controller starts its heart monitor in a forked process, which makes the class
+    named in this module: ours, from then on."""
+    from ipyparallel.controller import heartmonitor
+
+    heartmonitor.HeartMonitor = _heart_monitor_class()
+
+
 def controller_class() -> type:
     from functools import partial
 
@@ -121,6 +202,7 @@ def controller_class() -> type:
 
 def main() -> None:
     _listen_with_backlog()
+    _use_lounge_heart_monitor()
     controller_class().launch_instance()
 
 
