@@ -8,6 +8,9 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+#: How often a thread waiting for the loop looks for a Ctrl-C another thread received.
+INTERRUPT_CHECK_S = 0.1
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 
@@ -43,7 +46,14 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
             finished.set()
 
     future = asyncio.run_coroutine_threadsafe(runner(), loop)
+    done = threading.Event()
+    future.add_done_callback(lambda _: done.set())
     try:
+        # Waited for in short steps: a Ctrl-C (SIGINT to the process) may be received by
+        # another of its threads (ZMQ's, this loop's), and then only reaches this one when
+        # it next runs Python. Blocked in one long wait, it did so once the start was over.
+        while not done.wait(INTERRUPT_CHECK_S):
+            pass
         return future.result()
     except KeyboardInterrupt:
         # An interrupted start must not go on starting in the background: cancel it and

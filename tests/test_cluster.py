@@ -465,9 +465,18 @@ def test_async_api_in_a_running_loop():
     assert asyncio.run(main()) == 2
 
 
-def test_interrupted_start_cleans_up(lounge_dir):
+@pytest.mark.parametrize("received_by", ["the process", "another thread"])
+def test_interrupted_start_cleans_up(lounge_dir, received_by):
+    """A Ctrl-C during a start stops it and what it started, whichever thread of the
+    process the signal reaches (Linux gives a process's signal to any of its threads)."""
     cluster = Lounge(2, preload="tensorflow", wait=True)
-    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+    if received_by == "the process":
+        interrupt = (os.kill, (os.getpid(), signal.SIGINT))
+    else:
+        other = threading.Thread(target=time.sleep, args=(30,), daemon=True)
+        other.start()
+        interrupt = (signal.pthread_kill, (other.ident, signal.SIGINT))
+    timer = threading.Timer(1.5, *interrupt)
     timer.start()
     with pytest.raises(KeyboardInterrupt):
         cluster.start_sync()
