@@ -476,11 +476,17 @@ def test_interrupted_start_cleans_up(lounge_dir, received_by):
         other = threading.Thread(target=time.sleep, args=(30,), daemon=True)
         other.start()
         interrupt = (signal.pthread_kill, (other.ident, signal.SIGINT))
+    # Ctrl-C raises KeyboardInterrupt, as in a Python in the foreground or a kernel (a Python
+    # started in the background by a shell without job control inherits SIGINT ignored)
+    stock = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.5, *interrupt)
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        cluster.start_sync()
-    timer.join()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cluster.start_sync()
+    finally:
+        timer.join()
+        signal.signal(signal.SIGINT, stock)
     assert cluster.status == "stopped"
     assert state.list_states() == []
     assert processes_under(str(lounge_dir)) == []
