@@ -241,6 +241,7 @@ print(json.dumps({"young": after[0] - before[0], "full": after[2] - before[2],
 """
 
 
+@pytest.mark.fast
 def test_the_agent_imports_with_no_full_collection_and_gives_engines_the_stock_collector():
     """While the agent imports, the young generations are still collected but never the
     whole heap (each full collection walks every object made so far: ~0.9 s of importing
@@ -254,7 +255,7 @@ def test_the_agent_imports_with_no_full_collection_and_gives_engines_the_stock_c
         out[how] = json.loads(got.stdout)
     assert out["stock"]["full"] >= 1, out  # what is avoided happens without it
     assert out["young only"]["full"] == 0 and out["young only"]["young"] > 1000, out
-    assert out["young only"]["restored"] and out["stock"]["restored"], out
+    assert out["young only"]["restored"], out
 
 
 _MADE_SHELL = """
