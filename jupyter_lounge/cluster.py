@@ -22,6 +22,7 @@ from .backends import make_backend
 from .config import DEFAULT_BACKEND, DEFAULT_ENGINES, DEFAULT_TIMEOUT, settings
 from .engines import engine_kind
 from .errors import LoungeError, LoungeTimeout, NoSuchCluster
+from .paths import make_socket_dir, remove_socket_dir
 from .procs import kill_group, ours, spawn, started, tail
 
 _current: Cluster | None = None
@@ -111,6 +112,7 @@ class Cluster:
         self.agents: list[dict] = []
         self.controller_pid: int | None = None
         self.controller_start: str | None = None  # tells the controller from a later pid twin
+        self.socket_dir: str | None = None  # a local cluster's private folder of Unix sockets
         self.starter: list | None = None  # (pid, start) of the process starting it
         self.keeper: list | None = None  # (pid, start) of the process that stops it if the
         # process that started it dies (see keeper.py)
@@ -155,6 +157,7 @@ class Cluster:
             "agents": self.agents,
             "controller_pid": self.controller_pid,
             "controller_start": self.controller_start,
+            "socket_dir": self.socket_dir,
             "starter": self.starter,
             "keeper": self.keeper,
             "next_rank": self.next_rank,
@@ -220,6 +223,7 @@ class Cluster:
         self.n, self.status = data["n"], data["status"]
         self.agents, self.controller_pid = data["agents"], data["controller_pid"]
         self.controller_start = data.get("controller_start")
+        self.socket_dir = data.get("socket_dir")
         self.starter, self.keeper = data.get("starter"), data.get("keeper")
         self.next_rank, self.next_alloc = data["next_rank"], data.get("next_alloc", 1)
 
@@ -263,10 +267,17 @@ class Cluster:
         cdir = self.dir
         log = cdir / "controller.log"
         listen = await asyncio.to_thread(self.backend.listen_address)  # may ask sinfo or DNS
+        if self.kind.local_sockets and self.tls and self.backend.name == "local":
+            self.socket_dir = make_socket_dir()
         cmd = self.kind.controller_command(
             cdir,
             listen,
-            {"heartbeat_ms": self.heartbeat_ms, "tls": self.tls, "dashboard": self.dashboard},
+            {
+                "heartbeat_ms": self.heartbeat_ms,
+                "tls": self.tls,
+                "dashboard": self.dashboard,
+                "socket_dir": self.socket_dir,
+            },
         )
         self.controller_pid = spawn(cmd, log).pid
         self.controller_start = started(self.controller_pid)
@@ -685,6 +696,8 @@ class Cluster:
         await kill_group(self.controller_pid, self.controller_start, grace=3.0)
         if self.keeper and self.keeper[0] != os.getpid():
             await kill_group(*self.keeper, grace=1.0)
+        if self.socket_dir:
+            remove_socket_dir(self.socket_dir)
         if released is not None and not forget:
             raise LoungeError(
                 f"Cluster {self.name!r} is only partly stopped: {released} Its controller is "

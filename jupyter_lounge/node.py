@@ -639,6 +639,11 @@ class NodeAgent:
 
     def controller_alive(self) -> bool:
         try:
+            if isinstance(self.probe_addr, str):  # a Unix socket's path
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.settimeout(1.0)
+                    s.connect(self.probe_addr)
+                return True
             with socket.create_connection(self.probe_addr, timeout=1.0):
                 return True
         except OSError:

@@ -12,6 +12,10 @@ what came back (``answers``) and whether the peer speaks ZeroMQ (``zmtp``):
 * ``tls``: a TLS handshake with no client certificate, then an HTTP request;
 * ``http``: a plain HTTP request.
 
+A target that is a path (``/...``) is a Unix socket: the stranger connects (the folder and the
+socket's own mode should stop it there: ``unreachable``), then tries HTTP and Dask's comm (its
+handshake, then the ``run``) over it.
+
 Anything the peer sends back beyond a refusal is an answer: application bytes, an HTTP
 response, a Dask reply, a ZeroMQ message. The refusals are: nothing, a closed connection, a
 TLS alert, and a ZeroMQ peer that closes the connection when offered no key (CURVE).
@@ -173,7 +177,74 @@ def dask_run(host: str, port: int, canary: str, cert: tuple[str, str] | None) ->
         return ""
 
 
+def unix_connect(path: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect(path)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def unix_http(path: str) -> str:
+    try:
+        with unix_connect(path) as s:
+            s.sendall(b"GET /health HTTP/1.0\r\nHost: x\r\n\r\n")
+            return recv_all(s, 1.5)[:200].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def unix_dask_run(path: str, canary: str) -> str:
+    """Dask's comm over the socket, as a Dask client would speak it: the handshake, then
+    {"op": "run"} creating the canary."""
+    from distributed.comm.tcp import TCP
+    from distributed.protocol.pickle import dumps
+    from tornado.iostream import IOStream
+
+    async def attempt() -> str:
+        sock = unix_connect(path)
+        sock.setblocking(False)
+        # (Dask's TCP framing on the socket; the addresses are labels Dask can parse)
+        comm = TCP(IOStream(sock), "tcp://127.0.0.1:1", "tcp://127.0.0.1:2")
+        try:
+            await comm.write(comm.handshake_info())
+            await asyncio.wait_for(comm.read(), 3)
+            from pathlib import Path
+
+            await comm.write({"op": "run", "function": dumps(Path(canary).touch), "reply": True})
+            reply = await asyncio.wait_for(comm.read(), 3)
+            return repr(reply)[:200]
+        finally:
+            comm.abort()
+
+    try:
+        return asyncio.run(asyncio.wait_for(attempt(), 10))
+    except Exception:  # noqa: BLE001 - every refusal looks like some error here
+        return ""
+
+
+def probe_unix(path: str, canary: str) -> dict:
+    try:
+        unix_connect(path).close()
+    except OSError as e:  # the folder or the socket's mode: no way in
+        return {"port": path, "zmtp": False, "answers": {}, "unreachable": str(e)}
+    answers = {}
+    for name, fn in (
+        ("http", lambda: unix_http(path)),
+        ("dask", lambda: unix_dask_run(path, canary)),
+    ):
+        reply = fn()
+        if reply:
+            answers[name] = reply
+    return {"port": path, "zmtp": False, "answers": answers, "connected": True}
+
+
 def probe(target: str, canary: str, cert: tuple[str, str]) -> dict:
+    if target.startswith("/"):
+        return probe_unix(target, canary)
     host, port = target.rsplit(":", 1)
     port = int(port)
     try:

@@ -8,6 +8,7 @@ from this machine too (anyone on the lounge LAN).
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import os
@@ -90,6 +91,22 @@ def listening(pid: int) -> set[tuple[str, int]]:
         return set()  # it exited meanwhile
 
 
+def unix_listening(pid: int) -> set[str]:
+    """The path of every Unix socket ``pid`` listens on (``/proc/net/unix``: flags
+    00010000, accepting connections)."""
+    try:
+        inodes = {
+            link[8:-1]
+            for fd in os.listdir(f"/proc/{pid}/fd")
+            if (link := os.readlink(f"/proc/{pid}/fd/{fd}")).startswith("socket:[")
+        }
+        with open(f"/proc/{pid}/net/unix") as f:
+            rows = [line.split() for line in f.read().splitlines()[1:]]
+    except OSError:
+        return set()  # it exited meanwhile
+    return {r[7] for r in rows if len(r) > 7 and r[3] == "00010000" and r[6] in inodes}
+
+
 def netns(pid: int) -> str:
     return os.readlink(f"/proc/{pid}/ns/net")
 
@@ -136,6 +153,9 @@ def probe_everything(cluster) -> tuple[list[dict], list[str]]:
         ss_lines += [line for line in ss_listeners(pid) if any(f"pid={p}," in line for p in pids)]
     canary = f"/tmp/lounge-canary-{uuid.uuid4().hex[:8]}"
     rows, mine = [], netns(os.getpid())
+    paths = sorted({path for pid in pids for path in unix_listening(pid)})
+    if paths:  # a local cluster's sockets: tried by a user of this machine
+        rows += stranger(None, canary, paths)
     for ns, (pid, found) in by_ns.items():
         ports = sorted(f"{ip}:{port}" for ip, port in found)
         rows += stranger(pid if ns != mine else None, canary, ports)
@@ -236,9 +256,16 @@ def test_a_stranger_can_neither_reach_nor_read_a_cluster(kind, where, tmp_path, 
         if capture and capture.proc.poll() is None:
             capture.__exit__()
         cluster.stop_sync()
-    assert rows and ss_lines  # the controller's ports at least, and the engines' (Dask)
+    assert rows  # the controller's ports or sockets at least, and the engines' (Dask)
     assert all(row["answers"] == {} for row in rows), [r for r in rows if r["answers"]]
-    assert {line.split()[3] for line in ss_lines} == {r["port"] for r in rows}  # all tried
+    unix = [r for r in rows if r["port"].startswith("/")]
+    tcp = {r["port"] for r in rows} - {r["port"] for r in unix}
+    assert {line.split()[3] for line in ss_lines} == tcp  # all tried
+    if where == "local" and kind == "dask":  # Unix sockets only, in a folder of ours alone
+        assert not ss_lines and unix, (ss_lines, unix)
+        assert all("Permission denied" in r.get("unreachable", "") for r in unix), unix
+    else:
+        assert ss_lines
     for line in ss_lines:  # never every interface
         address = line.split()[3].rsplit(":", 1)[0]
         assert address not in ("0.0.0.0", "*", "[::]", "[::ffff:0.0.0.0]"), line
@@ -268,6 +295,73 @@ def test_the_stranger_notices_an_open_door(kind, lounge_dir):
             os.unlink(canary)
     finally:
         cluster.stop_sync()
+
+
+def test_a_local_dask_cluster_uses_sockets_no_other_user_can(lounge_dir, monkeypatch):
+    """A local Dask cluster listens on no TCP port: its scheduler and workers listen on Unix
+    sockets (0600) in a folder of their own (0700). Opened to everyone, a socket still
+    answers no other user: its listener reads the peer's uid (SO_PEERCRED) and hangs up.
+    The control: a listener that takes the stranger's uid for its own answers the same
+    stranger (and runs its code). After stop, the folder is gone."""
+    import stat
+    import threading
+
+    from jupyter_lounge.engines import unix_comm
+
+    cluster = Lounge(2, engines="dask", wait=True).start_sync()
+    try:
+        folder = Path(cluster.socket_dir)
+        pids = cluster_pids(cluster)
+        assert not any(listening(pid) for pid in pids)
+        sockets = sorted({path for pid in pids for path in unix_listening(pid)})
+        assert len(sockets) == 6, sockets  # the scheduler and 2 workers, and their HTTP
+        assert all(Path(path).parent == folder for path in sockets)
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert all(stat.S_IMODE(os.stat(path).st_mode) == 0o600 for path in sockets)
+        scheduler = str(folder / "scheduler")
+        folder.chmod(0o711)  # the door open but for the peer check
+        os.chmod(scheduler, 0o666)
+        canary = f"/tmp/lounge-canary-{uuid.uuid4().hex[:8]}"
+        [row] = stranger(None, canary, [scheduler])
+        assert row.get("connected") and row["answers"] == {}, row
+        assert not os.path.exists(canary)
+        assert list(cluster.map(lambda x: -x, [1, 2], progress=False).result) == [-1, -2]
+    finally:
+        cluster.stop_sync()
+    assert not folder.exists()
+
+    # the control: the same listener, with the stranger's uid for its own
+    from distributed.core import Server
+    from distributed.protocol.pickle import loads
+
+    unix_comm.register()
+    monkeypatch.setattr(unix_comm.os, "getuid", lambda: 65534)  # nobody's
+    place = Path(tempfile.mkdtemp(prefix="lounge-control-"))
+    place.chmod(0o711)
+    path, ready, done = str(place / "s"), threading.Event(), threading.Event()
+
+    async def serve():
+        server = Server({"run": lambda function, **_: loads(function)()})
+        await server.listen(unix_comm.address(path))
+        os.chmod(path, 0o666)
+        ready.set()
+        while not done.is_set():
+            await asyncio.sleep(0.05)
+        server.stop()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(10), "the control listener did not start"
+        canary = f"/tmp/lounge-canary-{uuid.uuid4().hex[:8]}"
+        [row] = stranger(None, canary, [path])
+        assert row["answers"].get("dask"), row
+        assert os.path.exists(canary)
+        os.unlink(canary)
+    finally:
+        done.set()
+        thread.join(10)
+        shutil.rmtree(place, ignore_errors=True)
 
 
 def test_no_tls_is_for_this_machine_only(tmp_path):

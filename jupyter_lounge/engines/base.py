@@ -52,13 +52,17 @@ class EngineKind:
     # The signal the agent sends each engine to interrupt its running work.
     interrupt_signal = "SIGINT"
     interrupt_note = "each engine's running code raised KeyboardInterrupt"
+    # Whether a cluster of this kind on this machine alone talks over Unix sockets in a
+    # private folder (the cluster's ``socket_dir``) rather than over loopback TCP with TLS.
+    local_sockets = False
 
     # -- agent side ------------------------------------------------------------------------
     def agent_imports(self) -> None:
         """Import the engine's own machinery before the fork, so no child pays for it."""
 
-    def probe_address(self, connection: dict) -> tuple[str, int]:
-        """Host and TCP port the agent probes to notice that its controller is gone."""
+    def probe_address(self, connection: dict) -> tuple[str, int] | str:
+        """Host and TCP port (or a Unix socket's path) the agent probes to notice that its
+        controller is gone."""
         raise NotImplementedError
 
     def prepare(self, connection: dict, options: dict, connection_file: str) -> None:

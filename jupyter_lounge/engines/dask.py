@@ -8,10 +8,12 @@ import pickle
 import signal
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from ..errors import LoungeError, LoungeTimeout
+from . import unix_comm
 from .base import EngineKind, engine_name, parse_engine_name
 
 #: A cluster's TLS files: its own CA's certificate, and one certificate + key per role. The
@@ -191,17 +193,28 @@ def route_to(host: str) -> str:
         return s.getsockname()[0]
 
 
-def members_only(base: type, role: str, http_address: str, tls: bool = True) -> type:
+def members_only(
+    base: type, role: str, http_address: str | None, tls: bool = True, unix: str | None = None
+) -> type:
     """``base`` (Dask's Scheduler or Worker) with its built-in HTTP server (health, metrics,
     the dashboard) on ``http_address`` only; with ``tls``, on the terms of its comms: a
     certificate from the cluster's CA, or the handshake fails. (Dask always starts this
-    server, by default on every interface and in the clear.)"""
+    server, by default on every interface and in the clear.) With ``unix`` (a socket path
+    in the cluster's private folder), it listens there and serves HTTP on ``unix``.http,
+    with no TCP port at all; an ``http_address`` on loopback still serves the dashboard."""
 
     class MembersOnly(base):
         def start_http_server(self, routes, dashboard_address, default_port=0, ssl_options=None):
+            if unix and http_address is None:
+                return unix_comm.serve_http_on(self, routes, unix + ".http")
             if tls:
                 ssl_options = self.security.get_listen_args(role)["ssl_context"]
             return super().start_http_server(routes, http_address, 0, ssl_options)
+
+        if unix:
+
+            async def listen(self, port_or_addr=None, allow_offload=True, **kwargs):
+                return await super().listen(unix_comm.address(unix), allow_offload, **kwargs)
 
     MembersOnly.__name__ = MembersOnly.__qualname__ = f"Lounge{base.__name__}"
     return MembersOnly
@@ -216,6 +229,7 @@ class DaskEngines(EngineKind):
         "cancel their futures to drop them"
     )
     controller_name = "Dask scheduler"
+    local_sockets = True
     _security = None  # the workers' Security, made by prepare() before the fork
 
     def agent_imports(self) -> None:
@@ -239,7 +253,9 @@ class DaskEngines(EngineKind):
 
         get_versions()
 
-    def probe_address(self, connection: dict) -> tuple[str, int]:
+    def probe_address(self, connection: dict) -> tuple[str, int] | str:
+        if connection["address"].startswith(unix_comm.PREFIX):
+            return unix_comm.path_of(connection["address"])
         host, port = connection["address"].split("://", 1)[1].rsplit(":", 1)
         return host, int(port)
 
@@ -251,6 +267,8 @@ class DaskEngines(EngineKind):
             self._security.get_connection_args("worker")
             self._security.get_listen_args("worker")
             warm_tornado_tls()
+        elif connection["address"].startswith(unix_comm.PREFIX):
+            unix_comm.register()  # inherited by every fork
 
     def run_engine(self, connection_file, *, rank, node, restarts, options):
         import asyncio
@@ -261,11 +279,20 @@ class DaskEngines(EngineKind):
 
         address = read_json(connection_file)["address"]
         tls = address.startswith("tls://")
-        if not tls and not address.startswith("tcp://127."):
+        unix = address.startswith(unix_comm.PREFIX)
+        if not (tls or unix or address.startswith("tcp://127.")):
             raise SystemExit(f"refusing an unencrypted scheduler across machines: {address}")
         name = engine_name(node, rank, f"r{restarts}" if restarts else "")
-        host = route_to(address.split("://", 1)[1].rsplit(":", 1)[0])
-        worker_class = members_only(Worker, "worker", f"{host}:0", tls)
+        if unix:  # beside the scheduler's socket, in the cluster's private folder
+            unix_comm.register()
+            host, protocol = None, unix_comm.SCHEME
+            own = os.path.join(
+                os.path.dirname(unix_comm.path_of(address)), f"w-{rank}-{uuid.uuid4().hex[:8]}"
+            )
+            worker_class = members_only(Worker, "worker", None, False, unix=own)
+        else:
+            host, protocol = route_to(address.split("://", 1)[1].rsplit(":", 1)[0]), None
+            worker_class = members_only(Worker, "worker", f"{host}:0", tls)
         # A workspace per rank: a new worker tries the lock of every other worker's folder in
         # its workspace, to purge those of dead workers (O(N^2) for a node's N workers: ~1.5 s
         # of CPU in all at 256); alone in its own, it purges only a dead predecessor's.
@@ -277,6 +304,7 @@ class DaskEngines(EngineKind):
             async with worker_class(
                 address,
                 host=host,  # listen on the address it advertises, never on every interface
+                protocol=protocol,
                 name=name,
                 nthreads=1,
                 memory_limit=0,
@@ -300,7 +328,9 @@ class DaskEngines(EngineKind):
             f"--host={listen_ip}",
             f"--scheduler-file={cdir / 'scheduler.json'}",
         ]
-        if options.get("tls"):
+        if options.get("socket_dir"):
+            cmd.append(f"--unix-dir={options['socket_dir']}")
+        elif options.get("tls"):
             cmd.append(f"--tls-dir={cdir}")
         if options.get("dashboard"):
             cmd.append("--dashboard")
@@ -315,6 +345,8 @@ class DaskEngines(EngineKind):
         from ..protocol import read_json
 
         address = (read_json(cdir / "scheduler.json") or {}).get("address", "")
+        if address.startswith(unix_comm.PREFIX):
+            unix_comm.register()
         return Client(
             address,
             timeout=timeout,

@@ -1,12 +1,14 @@
 """A cluster's Dask scheduler: ``python -m jupyter_lounge.engines.dask_scheduler``.
 
-``--host IP --scheduler-file FILE [--tls-dir DIR] [--dashboard]``
+``--host IP --scheduler-file FILE [--tls-dir DIR | --unix-dir DIR] [--dashboard]``
 
 Dask's own ``dask scheduler`` serves its HTTP routes (health, metrics, the dashboard) on every
 interface and in the clear. This one listens on ``--host`` only; with ``--tls-dir`` it first
 makes the cluster's CA and certificates there (the CA key never leaves this process's memory),
 requires mutual TLS on its comms, and serves HTTP on the same terms; ``--dashboard`` serves the
 dashboard instead in the clear on loopback only (reach it from the sidebar or an SSH tunnel).
+With ``--unix-dir`` (a cluster on this machine alone) it listens on a Unix socket in that
+folder (see unix_comm) and on no TCP port, but the dashboard's when asked.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import signal
 from pathlib import Path
 
+from . import unix_comm
 from .dask import make_certificates, members_only, security
 
 
@@ -64,15 +67,25 @@ def versions_checked_once_per_kind(error_message):
     return checked
 
 
-async def serve(host: str, scheduler_file: str, tls_dir: str | None, dashboard: bool) -> None:
+async def serve(
+    host: str,
+    scheduler_file: str,
+    tls_dir: str | None,
+    dashboard: bool,
+    unix_dir: str | None = None,
+) -> None:
     from distributed import Scheduler, versions
 
     versions.error_message = versions_checked_once_per_kind(versions.error_message)
     if tls_dir:
         make_certificates(Path(tls_dir), host)
-    http = "127.0.0.1:0" if dashboard else f"{host}:0"
+    unix = None
+    if unix_dir:
+        unix_comm.register()
+        unix = str(Path(unix_dir) / "scheduler")
+    http = "127.0.0.1:0" if dashboard else None if unix else f"{host}:0"
     scheduler_class = members_only(
-        Scheduler, "scheduler", http, tls=bool(tls_dir) and not dashboard
+        Scheduler, "scheduler", http, tls=bool(tls_dir) and not dashboard, unix=unix
     )
     scheduler = scheduler_class(
         host=host,
@@ -94,10 +107,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jupyter_lounge.engines.dask_scheduler")
     parser.add_argument("--host", required=True)
     parser.add_argument("--scheduler-file", required=True)
-    parser.add_argument("--tls-dir")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--tls-dir")
+    where.add_argument("--unix-dir")
     parser.add_argument("--dashboard", action="store_true")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.host, args.scheduler_file, args.tls_dir, args.dashboard))
+    asyncio.run(serve(args.host, args.scheduler_file, args.tls_dir, args.dashboard, args.unix_dir))
 
 
 if __name__ == "__main__":
