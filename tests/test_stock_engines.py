@@ -4,6 +4,7 @@ test_ipyparallel_suite.py). Real controllers, agents and forked engines, on this
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -253,6 +254,8 @@ def test_dask_stock_client(lounge_dir):
 
         quiet = [ours for _, ours in QUIET.values()]
         assert list(client.run(idle_costs).values()) == [quiet, quiet]  # an idle one is quiet
+        levels = client.run(lambda: logging.getLogger("distributed").getEffectiveLevel())
+        assert list(levels.values()) == [logging.WARNING] * 2  # no INFO lines per worker
         x = da.arange(10_000, chunks=1_000)
         assert int(client.compute(x.sum()).result(timeout=60)) == sum(range(10_000))
         try:
@@ -300,6 +303,7 @@ def test_dask_stock_client(lounge_dir):
         cluster.stop_sync()
 
 
+@pytest.mark.fast
 def test_idle_dask_workers_are_made_quiet_where_the_user_configured_nothing():
     import dask
 
@@ -313,5 +317,27 @@ def test_idle_dask_workers_are_made_quiet_where_the_user_configured_nothing():
         assert dask.config.get("distributed.worker.profile.enabled") is False
         assert dask.config.get("distributed.worker.memory.monitor-interval") == "500ms"
     with dask.config.set(stock):
-        assert "distributed.worker.profile.enabled" not in quiet_workers(profile=True)
-        assert dask.config.get("distributed.worker.profile.enabled") is True  # the dashboard's
+        kept = quiet_workers(profile=True)  # with --dashboard: its instruments stay on
+        assert "distributed.admin.tick.interval" in kept
+        for key in ("profile.enabled", "system-monitor.disk", "system-monitor.gil.enabled"):
+            name = f"distributed.{'worker' if key.startswith('profile') else 'admin'}.{key}"
+            assert name not in kept and dask.config.get(name) is True, name
+
+
+@pytest.mark.fast
+def test_dask_info_logs_are_quieted_only_where_the_user_configured_none():
+    import dask
+
+    from jupyter_lounge.engines.dask import quiet_worker_logs
+
+    dask_logger = logging.getLogger("distributed")
+    before = dask_logger.level
+    try:
+        dask_logger.setLevel(logging.INFO)
+        with dask.config.set({"logging": {"distributed": "info"}}):  # the user's own
+            assert quiet_worker_logs() is False and dask_logger.level == logging.INFO
+        assert quiet_worker_logs() is True and dask_logger.level == logging.WARNING
+        dask_logger.setLevel(logging.DEBUG)  # set by the user in code
+        assert quiet_worker_logs() is False and dask_logger.level == logging.DEBUG
+    finally:
+        dask_logger.setLevel(before)

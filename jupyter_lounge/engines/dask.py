@@ -159,9 +159,19 @@ def warm_tornado_tls() -> None:
 #: reads it: kept with --dashboard), its event loop ticks every 20 ms (only to warn of a loop
 #: blocked for 3 s), it reads its memory every 100 ms and the system's every 500 ms. 32 idle
 #: workers here: 42% of a core -> 6%; 256 of them kept both cores busy, and a map of 2,048
-#: items of 50 ms took 190 s instead of seconds.
+#: items of 50 ms took 190 s instead of seconds. Two more instruments only the dashboard shows
+#: (kept with --dashboard): the system monitor's disk I/O and its GIL contention (a thread
+#: polling every 1 ms where ``gilknocker`` is installed; where it is not, every worker tried
+#: to import it as it started, ~2 ms each).
+DASHBOARD_ONLY = (
+    "distributed.worker.profile.enabled",
+    "distributed.admin.system-monitor.disk",
+    "distributed.admin.system-monitor.gil.enabled",
+)
 QUIET = {
     "distributed.worker.profile.enabled": (True, False),
+    "distributed.admin.system-monitor.disk": (True, False),
+    "distributed.admin.system-monitor.gil.enabled": (True, False),
     "distributed.admin.tick.interval": ("20ms", "1s"),
     "distributed.worker.memory.monitor-interval": ("100ms", "500ms"),
     "distributed.admin.system-monitor.interval": ("500ms", "2s"),
@@ -175,12 +185,28 @@ def quiet_workers(profile: bool = False) -> dict:
 
     changed = {}
     for key, (stock, ours) in QUIET.items():
-        if key == "distributed.worker.profile.enabled" and profile:
+        if key in DASHBOARD_ONLY and profile:
             continue
         if dask.config.get(key, None) == stock:
             changed[key] = ours
     dask.config.set(changed)
     return changed
+
+
+def quiet_worker_logs() -> bool:
+    """Dask's loggers at WARNING in the agent, and so in every worker it forks, where Dask's
+    own default (INFO) is in force: a worker's start logged 13 lines of INFO (its address,
+    its folder, "Registered to", ...) into its agent's log, ~5 ms a worker. Its warnings
+    and errors are logged as before; a user's logging configuration of Dask is kept."""
+    import logging
+
+    import dask
+
+    dask_logger = logging.getLogger("distributed")
+    if dask.config.get("logging", None) or dask_logger.level != logging.INFO:
+        return False
+    dask_logger.setLevel(logging.WARNING)
+    return True
 
 
 def route_to(host: str) -> str:
@@ -200,13 +226,15 @@ def members_only(
     the dashboard) on ``http_address`` only; with ``tls``, on the terms of its comms: a
     certificate from the cluster's CA, or the handshake fails. (Dask always starts this
     server, by default on every interface and in the clear.) With ``unix`` (a socket path
-    in the cluster's private folder), it listens there and serves HTTP on ``unix``.http,
-    with no TCP port at all; an ``http_address`` on loopback still serves the dashboard."""
+    in the cluster's private folder), it listens there, and serves HTTP only where
+    ``http_address`` is given (the dashboard, on loopback): no TCP port otherwise. Its
+    routes (health, metrics) serve monitoring from other machines, which a cluster on this
+    machine alone has none of, and each worker paid ~5 ms to set them up."""
 
     class MembersOnly(base):
         def start_http_server(self, routes, dashboard_address, default_port=0, ssl_options=None):
             if unix and http_address is None:
-                return unix_comm.serve_http_on(self, routes, unix + ".http")
+                return None
             if tls:
                 ssl_options = self.security.get_listen_args(role)["ssl_context"]
             return super().start_http_server(routes, http_address, 0, ssl_options)
@@ -261,6 +289,7 @@ class DaskEngines(EngineKind):
 
     def prepare(self, connection: dict, options: dict, connection_file: str) -> None:
         quiet_workers(profile=bool(options.get("dashboard")))  # inherited by every fork
+        quiet_worker_logs()
         # The workers' TLS contexts, made once here: each forked worker inherits them.
         if connection["address"].startswith("tls://"):
             self._security = security(options.get("tls_dir"), "worker")

@@ -20,7 +20,6 @@ import os
 import socket
 import struct
 import weakref
-from typing import Any
 
 SCHEME = "unix"
 PREFIX = f"{SCHEME}://"
@@ -41,20 +40,6 @@ def peer_uid(sock: socket.socket) -> int:
     """The user id of the process at the other end of a connected Unix socket."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
-
-
-def serve_http_on(server: Any, routes: list, path: str) -> None:
-    """A Dask server's HTTP routes (health, metrics) on the Unix socket ``path`` (0600),
-    in place of Dask's TCP port (``ServerNode.start_http_server``)."""
-    from distributed.http.routing import RoutingApplication
-    from tornado.httpserver import HTTPServer
-    from tornado.netutil import bind_unix_socket
-
-    server.http_application = RoutingApplication(routes)
-    server.http_server = HTTPServer(server.http_application)
-    server.http_server.add_socket(bind_unix_socket(path, mode=0o600))
-    server.http_server.address, server.http_server.port = path, 0  # 0: no TCP port
-    server.services["dashboard"] = server.http_server
 
 
 def register() -> None:
