@@ -93,7 +93,7 @@ def _backend_class() -> type:
         async def connect(self, address, deserialize=True, **connection_args):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.setblocking(False)
-            try:
+            try:  # (Dask's connect() bounds the wait: a timeout cancels it)
                 while True:
                     try:
                         sock.connect(address)
@@ -104,6 +104,9 @@ def _backend_class() -> type:
             except OSError as e:
                 sock.close()
                 raise CommClosedError(f"in {PREFIX}{address}: {e}") from e
+            except BaseException:  # cancelled
+                sock.close()
+                raise
             stream = IOStream(sock, max_buffer_size=MAX_BUFFER_SIZE)
             return UnixComm(stream, f"{PREFIX}{address}#client", PREFIX + address, deserialize)
 
@@ -181,5 +184,4 @@ def _backend_class() -> type:
             return os.path.dirname(loc)
 
     _classes["backend"] = UnixBackend
-    _classes["comm"] = UnixComm
     return UnixBackend
