@@ -268,7 +268,10 @@ class Cluster:
         log = cdir / "controller.log"
         listen = await asyncio.to_thread(self.backend.listen_address)  # may ask sinfo or DNS
         if self.kind.local_sockets and self.tls and self.backend.name == "local":
-            self.socket_dir = make_socket_dir()
+            from .engines import unix_comm
+
+            if unix_comm.available():  # else loopback TCP with TLS, as on other machines
+                self.socket_dir = make_socket_dir()
         cmd = self.kind.controller_command(
             cdir,
             listen,

@@ -389,6 +389,30 @@ def test_encrypted_and_signed_by_default(kind):
         cluster.stop_sync()
 
 
+def test_a_local_dask_cluster_without_unix_sockets_uses_mutual_tls(monkeypatch):
+    """Where Python has no Unix sockets (Windows), a local Dask cluster is on loopback TCP
+    with the cluster's own CA, as a cluster across machines is: a client without a
+    certificate is refused."""
+    from distributed import Client
+
+    from jupyter_lounge.engines import unix_comm
+
+    monkeypatch.setattr(unix_comm, "available", lambda: False)
+    cluster = Lounge(2, engines="dask", wait=True).start_sync()
+    try:
+        assert cluster.socket_dir is None
+        assert cluster.client.scheduler.address.startswith("tls://127.0.0.1:")
+        assert list(cluster.map(lambda x: -x, [1, 2], progress=False).result) == [-1, -2]
+        with pytest.raises((OSError, TimeoutError)):  # no certificate: refused
+            Client(
+                cluster.client.scheduler.address.replace("tls://", "tcp://"),
+                timeout=3,
+                set_as_default=False,
+            )
+    finally:
+        cluster.stop_sync()
+
+
 def test_an_ipyparallel_engine_that_stops_answering_is_dropped_by_the_heartbeat():
     """An engine frozen (alive to its agent, silent to the controller) is unregistered once
     it has missed 20 beats of the controller's heart monitor (150 ms here), while the others,

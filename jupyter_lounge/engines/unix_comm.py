@@ -27,6 +27,11 @@ PREFIX = f"{SCHEME}://"
 QUEUE_FULL_RETRY_S = 0.005
 
 
+def available() -> bool:
+    """Whether this machine's Python has Unix sockets and their peer credentials (Linux)."""
+    return hasattr(socket, "AF_UNIX") and hasattr(socket, "SO_PEERCRED")
+
+
 def address(path: str) -> str:
     return PREFIX + path
 
