@@ -224,29 +224,6 @@ def test_bind_kernel_makes_an_engine_a_kernel_a_frontend_connects_to(lounge_dir)
         cluster.stop_sync()
 
 
-def test_bind_kernel_on_a_local_cluster_opens_unix_sockets_in_its_folder(lounge_dir):
-    """On a local cluster (ipc://, no CurveZMQ) bind_kernel() works too, and its kernel's
-    sockets are Unix sockets in the cluster's private folder, not loopback ports."""
-    from jupyter_client import BlockingKernelClient
-
-    cluster = Lounge(1, engines="ipyparallel", wait=True).start_sync()
-    try:
-        rc = cluster.client
-        rc[0].execute("import ipyparallel\nipyparallel.bind_kernel()", block=True)
-        kc = BlockingKernelClient(connection_file=rc[0].apply_sync(_connection_file))
-        kc.load_connection_file()
-        assert kc.transport == "ipc" and kc.ip.startswith(cluster.socket_dir + "/k"), kc.ip
-        kc.start_channels()
-        try:
-            reply = kc.execute_interactive("y = 6 * 7", timeout=30)
-        finally:
-            kc.stop_channels()
-        assert reply["content"]["status"] == "ok"
-        assert rc[0].pull("y", block=True) == 42
-    finally:
-        cluster.stop_sync()
-
-
 def test_interrupt_refuses_a_stopped_cluster(ipp):
     ipp.stop_sync()
     with pytest.raises(LoungeError, match="not running"):

@@ -78,10 +78,6 @@ class IPyParallelEngines(EngineKind):
         app.ident = engine_ident(node, rank, uuid.uuid4().hex[:8])
         app.lounge_nanny_url = options.get("nanny_url")
         app.enable_nanny = bool(app.lounge_nanny_url)
-        transport, where = app.registration_url.split("://", 1)
-        if transport == "ipc":  # bind_kernel() opens its ports as Unix sockets beside ours
-            app.config.IPKernelApp.transport = "ipc"
-            app.config.IPKernelApp.ip = os.path.join(os.path.dirname(where), f"k{os.getpid()}")
         if restarts == 0:
             app.id = rank
         if _made is not None:
