@@ -21,7 +21,6 @@ class IPyParallelEngines(EngineKind):
     controller_name = "ipyparallel controller"
     clean_exit_retires = True  # an engine ends with 0 only when asked: rc.shutdown, exit
     has_node_service = True
-    local_sockets = True
 
     def agent_imports(self) -> None:
         # The engine pulls ~300 modules (ipykernel, and debugpy for the kernel's debugger,
@@ -44,10 +43,8 @@ class IPyParallelEngines(EngineKind):
         import IPython.utils.wildcard  # noqa: F401
         import tornado.platform.asyncio  # noqa: F401
 
-    def probe_address(self, connection: dict) -> tuple[str, int] | str:
-        transport, host = connection["interface"].split("://", 1)
-        if transport == "ipc":  # the socket's path (ipyparallel joins it with ":" too)
-            return f"{host}:{connection['registration']}"
+    def probe_address(self, connection: dict) -> tuple[str, int]:
+        host = connection["interface"].split("://", 1)[1]
         return host, int(connection["registration"])
 
     def prepare(self, connection: dict, options: dict, connection_file: str) -> None:
@@ -101,14 +98,9 @@ class IPyParallelEngines(EngineKind):
         profile.mkdir(mode=0o700, exist_ok=True)
         config = profile / "ipcontroller_config.py"
         fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        sockets = options.get("socket_dir")
         with os.fdopen(fd, "w") as f:
             f.write(f"c.Session.key = {secrets.token_hex(32).encode()!r}\n")
-            if sockets:  # this machine alone: Unix sockets in a folder only we can enter
-                for role, prefix in (("engine", "e"), ("client", "c"), ("monitor", "m")):
-                    f.write(f"c.IPController.{role}_transport = 'ipc'\n")
-                    f.write(f"c.IPController.{role}_ip = {os.path.join(sockets, prefix)!r}\n")
-            elif options.get("tls"):  # here, not on the command line: it would drop the key
+            if options.get("tls"):  # here, not on the command line: it would drop the key
                 f.write("c.IPController.enable_curve = True\n")
         # Engines read the user's engine config as stock ones started for the default
         # profile do (nodes without a shared file system get none: their profile is theirs).
@@ -122,7 +114,7 @@ class IPyParallelEngines(EngineKind):
             "-m",
             "jupyter_lounge.engines.ipp_controller",  # the stock one, less O(N) work per engine
             f"--profile-dir={cdir / 'profile'}",
-            *([] if sockets else [f"--ip={listen_ip}"]),
+            f"--ip={listen_ip}",
             f"--HeartMonitor.period={hb}",
             "--HeartMonitor.max_heartmonitor_misses=20",  # ~3 s to declare an engine dead
             "--log-level=WARN",
