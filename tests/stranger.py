@@ -151,7 +151,6 @@ def plain_http(host: str, port: int) -> str:
 def dask_run(host: str, port: int, canary: str, cert: tuple[str, str] | None) -> str:
     """Dask's own client side: connect, send {"op": "run"} creating the canary, read."""
     from distributed.comm import connect
-    from distributed.protocol.pickle import dumps
 
     async def attempt() -> str:
         kwargs = {}
@@ -162,18 +161,31 @@ def dask_run(host: str, port: int, canary: str, cert: tuple[str, str] | None) ->
             ctx.load_cert_chain(cert[1], cert[0])
             kwargs = {"ssl_context": ctx}
         comm = await connect(f"{'tls' if cert else 'tcp'}://{host}:{port}", timeout=3, **kwargs)
-        try:
-            from pathlib import Path
+        return await run_canary(comm, canary)
 
-            await comm.write({"op": "run", "function": dumps(Path(canary).touch), "reply": True})
-            reply = await asyncio.wait_for(comm.read(), 3)
-            return repr(reply)[:200]
-        finally:
-            comm.abort()
+    return quietly(attempt)
+
+
+async def run_canary(comm, canary: str) -> str:
+    """On a connected Dask comm: send {"op": "run"} creating the canary, read the reply."""
+    from pathlib import Path
+
+    from distributed.protocol.pickle import dumps
 
     try:
+        await comm.write({"op": "run", "function": dumps(Path(canary).touch), "reply": True})
+        reply = await asyncio.wait_for(comm.read(), 3)
+        return repr(reply)[:200]
+    finally:
+        comm.abort()
+
+
+def quietly(attempt) -> str:
+    """Run the coroutine function ``attempt`` (10 s at most): what it returned, or "" for
+    any error (every refusal looks like some error here)."""
+    try:
         return asyncio.run(asyncio.wait_for(attempt(), 10))
-    except Exception:  # noqa: BLE001 - every refusal looks like some error here
+    except Exception:  # noqa: BLE001
         return ""
 
 
@@ -201,7 +213,6 @@ def unix_dask_run(path: str, canary: str) -> str:
     """Dask's comm over the socket, as a Dask client would speak it: the handshake, then
     {"op": "run"} creating the canary."""
     from distributed.comm.tcp import TCP
-    from distributed.protocol.pickle import dumps
     from tornado.iostream import IOStream
 
     async def attempt() -> str:
@@ -212,18 +223,12 @@ def unix_dask_run(path: str, canary: str) -> str:
         try:
             await comm.write(comm.handshake_info())
             await asyncio.wait_for(comm.read(), 3)
-            from pathlib import Path
-
-            await comm.write({"op": "run", "function": dumps(Path(canary).touch), "reply": True})
-            reply = await asyncio.wait_for(comm.read(), 3)
-            return repr(reply)[:200]
-        finally:
+        except BaseException:
             comm.abort()
+            raise
+        return await run_canary(comm, canary)
 
-    try:
-        return asyncio.run(asyncio.wait_for(attempt(), 10))
-    except Exception:  # noqa: BLE001 - every refusal looks like some error here
-        return ""
+    return quietly(attempt)
 
 
 def probe_unix(path: str, canary: str) -> dict:

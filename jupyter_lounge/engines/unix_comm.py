@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import os
 import socket
 import struct
@@ -55,12 +56,8 @@ def register() -> None:
         registry.backends[SCHEME] = _backend_class()()
 
 
-_classes: dict[str, type] = {}
-
-
+@functools.cache
 def _backend_class() -> type:
-    if "backend" in _classes:
-        return _classes["backend"]
     from distributed.comm.core import BaseListener, Comm, CommClosedError, Connector
     from distributed.comm.registry import Backend
     from distributed.comm.tcp import MAX_BUFFER_SIZE, TCP
@@ -188,5 +185,4 @@ def _backend_class() -> type:
         def get_local_address_for(self, loc):
             return os.path.dirname(loc)
 
-    _classes["backend"] = UnixBackend
     return UnixBackend
