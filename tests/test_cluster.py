@@ -369,46 +369,55 @@ def test_controller_lost_takes_engines_down(kind, pids_of):
         cluster.stop_sync()
 
 
-def test_encrypted_and_signed_by_default(kind):
+def test_private_and_signed_by_default(kind):
+    """A local cluster talks over Unix sockets in a folder only its user can enter (no
+    port), and ipyparallel still signs every message; the folder is gone after stop."""
     cluster = Lounge(2, engines=kind, wait=True).start_sync()
     try:
         assert list(cluster.map(lambda x: -x, [1, 2], progress=False).result) == [-1, -2]
         engine_file = cluster.kind.connection_files(cluster.dir)[0]
         assert oct(engine_file.stat().st_mode & 0o777) == "0o600"
-        if kind == "dask":  # this machine alone: Unix sockets in a folder only we can enter
-            folder = cluster.socket_dir
+        folder = cluster.socket_dir
+        assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
+        if kind == "dask":
             assert cluster.client.scheduler.address == f"unix://{folder}/scheduler"
-            assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
             assert all(
                 addr.startswith(f"unix://{folder}/") for addr in cluster.client.run(os.getpid)
             )
-        else:  # CurveZMQ, and every message signed too
+        else:  # ipc://, each message signed
             info = state.read_json(engine_file)
-            assert info.get("curve_serverkey") and len(info.get("key", "")) == 64
+            assert info["interface"] == f"ipc://{folder}/e" and len(info.get("key", "")) == 64
+            assert not info.get("curve_serverkey")
     finally:
         cluster.stop_sync()
+    assert not os.path.exists(folder)
 
 
-def test_a_local_dask_cluster_without_unix_sockets_uses_mutual_tls(monkeypatch):
-    """Where Python has no Unix sockets (Windows), a local Dask cluster is on loopback TCP
-    with the cluster's own CA, as a cluster across machines is: a client without a
-    certificate is refused."""
-    from distributed import Client
-
+def test_a_local_cluster_without_unix_sockets_is_encrypted(kind, monkeypatch):
+    """Where Python has no Unix sockets (Windows), a local cluster is on loopback TCP,
+    encrypted as a cluster across machines is: Dask with the cluster's own CA (a client
+    without a certificate is refused), ipyparallel with CurveZMQ and signed messages."""
     from jupyter_lounge.engines import unix_comm
 
     monkeypatch.setattr(unix_comm, "available", lambda: False)
-    cluster = Lounge(2, engines="dask", wait=True).start_sync()
+    cluster = Lounge(2, engines=kind, wait=True).start_sync()
     try:
         assert cluster.socket_dir is None
-        assert cluster.client.scheduler.address.startswith("tls://127.0.0.1:")
         assert list(cluster.map(lambda x: -x, [1, 2], progress=False).result) == [-1, -2]
-        with pytest.raises((OSError, TimeoutError)):  # no certificate: refused
-            Client(
-                cluster.client.scheduler.address.replace("tls://", "tcp://"),
-                timeout=3,
-                set_as_default=False,
-            )
+        if kind == "dask":
+            from distributed import Client
+
+            assert cluster.client.scheduler.address.startswith("tls://127.0.0.1:")
+            with pytest.raises((OSError, TimeoutError)):  # no certificate: refused
+                Client(
+                    cluster.client.scheduler.address.replace("tls://", "tcp://"),
+                    timeout=3,
+                    set_as_default=False,
+                )
+        else:
+            info = state.read_json(cluster.kind.connection_files(cluster.dir)[0])
+            assert info["interface"] == "tcp://127.0.0.1"
+            assert info.get("curve_serverkey") and len(info.get("key", "")) == 64
     finally:
         cluster.stop_sync()
 

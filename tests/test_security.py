@@ -261,7 +261,7 @@ def test_a_stranger_can_neither_reach_nor_read_a_cluster(kind, where, tmp_path, 
     unix = [r for r in rows if r["port"].startswith("/")]
     tcp = {r["port"] for r in rows} - {r["port"] for r in unix}
     assert {line.split()[3] for line in ss_lines} == tcp  # all tried
-    if where == "local" and kind == "dask":  # Unix sockets only, in a folder of ours alone
+    if where == "local":  # Unix sockets only, in a folder of ours alone
         assert not ss_lines and unix, (ss_lines, unix)
         assert all("Permission denied" in r.get("unreachable", "") for r in unix), unix
     else:

@@ -35,6 +35,28 @@ def _spin(seconds):
     return seconds
 
 
+def _sleep_marked(seconds, folder):
+    """Sleep, having first left a file named for this engine's pid in ``folder``: the engine
+    is then running it (its Ctrl-C handler is in place; before, an engine ignores SIGINT)."""
+    import os
+    import time
+
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    time.sleep(seconds)
+    return seconds
+
+
+def _running(rc, tmp_path):
+    """Both engines run ``_sleep_marked`` for 60 s: its AsyncResult, once they do. The
+    controller's queue counts a task as the engine's when it is sent, before the engine runs
+    it, and a signal that came then was ignored (seen once in make test)."""
+    folder = tmp_path / "running"
+    folder.mkdir()
+    ar = rc[:].apply_async(_sleep_marked, 60, str(folder))
+    wait_until(lambda: len(os.listdir(folder)) == 2, 20, "both engines running the task")
+    return ar
+
+
 def _crash():
     import os
 
@@ -47,11 +69,6 @@ def _pid():
     return os.getpid()
 
 
-def busy(rc) -> int:
-    """How many engines run a task now."""
-    return sum(1 for s in rc.queue_status().values() if isinstance(s, dict) and s["queue"])
-
-
 @pytest.fixture
 def ipp(lounge_dir):
     # Heartbeats every second: the controller would declare a dead engine after 20 misses
@@ -62,11 +79,10 @@ def ipp(lounge_dir):
     cluster.stop_sync()
 
 
-def test_ipyparallel_signal_death_and_shutdown(ipp):
+def test_ipyparallel_signal_death_and_shutdown(ipp, tmp_path):
     rc = ipp.client
     # Client.send_signal reaches each engine through the node's nanny, while it is busy
-    ar = rc[:].apply_async(_sleep, 60)
-    wait_until(lambda: busy(rc) == 2, 10, "both engines busy")
+    ar = _running(rc, tmp_path)
     rc.send_signal(signal.SIGINT, block=True)
     with pytest.raises(Exception) as info:
         ar.get(timeout=20)
@@ -105,20 +121,23 @@ def test_ipyparallel_signal_death_and_shutdown(ipp):
 
 
 def test_the_controller_queues_a_registration_flood_instead_of_dropping_it(ipp):
-    """Every port engines connect to listens with a backlog of 4,096 (ZMQ's default, 100,
+    """Every socket engines connect to listens with a backlog of 4,096 (ZMQ's default, 100,
     overflowed when hundreds of engines registered at once: their connections waited for
-    TCP to try again)."""
+    TCP to try again; a local cluster's Unix sockets have the same queue)."""
     from jupyter_lounge.engines.ipp_controller import BACKLOG
 
     info = state.read_json(ipp.kind.connection_files(ipp.dir)[0])
+    transport, where = info["interface"].split("://", 1)
+    assert transport == "ipc"  # a local cluster: its Unix sockets, "path:port" each
     ports = {info[k] for k in ("registration", "control", "mux", "task", "iopub")}
     ports |= {info["hb_ping"], info["hb_pong"]}
+    addresses = {f"{where}:{port}" for port in ports}
     listening = {}
-    ss = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True, timeout=30)
+    ss = subprocess.run(["ss", "-Hlx"], capture_output=True, text=True, timeout=30)
     for line in ss.stdout.splitlines():
-        _, _, backlog, local, *_ = line.split()
-        listening[int(local.rsplit(":", 1)[1])] = int(backlog)
-    assert {p: listening.get(p) for p in ports} == {p: BACKLOG for p in ports}
+        _, _, _, backlog, local, *_ = line.split()
+        listening[local] = int(backlog)
+    assert {a: listening.get(a) for a in addresses} == {a: BACKLOG for a in addresses}
 
 
 def test_the_hub_still_refuses_a_pending_engine_twice_without_scanning_them_all(ipp):
@@ -138,8 +157,9 @@ def test_the_hub_still_refuses_a_pending_engine_twice_without_scanning_them_all(
     def register(uuid: str, asked: int | None) -> dict:
         sock = ctx.socket(zmq.DEALER)
         sock.linger = 0
-        sock.curve_serverkey = info["curve_serverkey"].encode()
-        sock.curve_publickey, sock.curve_secretkey = public, secret
+        if info.get("curve_serverkey"):  # (a local cluster has none: Unix sockets)
+            sock.curve_serverkey = info["curve_serverkey"].encode()
+            sock.curve_publickey, sock.curve_secretkey = public, secret
         # a socket identity of its own: the hub's ROUTER ignores a peer whose identity a
         # closing socket still holds there, so a second registration under the first's
         # identity was answered to nobody when it came before the first socket's goodbye
@@ -165,7 +185,7 @@ def test_the_hub_still_refuses_a_pending_engine_twice_without_scanning_them_all(
         ctx.destroy(linger=0)
 
 
-def test_ipyparallel_broadcast_magics_and_interrupt(ipp):
+def test_ipyparallel_broadcast_magics_and_interrupt(ipp, tmp_path):
     rc = ipp.client
     for coalescing in (False, True):
         view = rc.broadcast_view(is_coalescing=coalescing)
@@ -184,8 +204,7 @@ def test_ipyparallel_broadcast_magics_and_interrupt(ipp):
 
     # %lounge interrupt: the running work stops, the cluster and its engines stay
     pids = sorted(rc[:].apply_sync(_pid))
-    ar = rc[:].apply_async(_sleep, 60)
-    wait_until(lambda: busy(rc) == 2, 10, "both engines busy")
+    ar = _running(rc, tmp_path)
     assert ipp.interrupt_sync() == 2  # engines interrupted (the faces' sentence: test_cli)
     with pytest.raises(Exception) as info:
         ar.get(timeout=20)
@@ -220,6 +239,29 @@ def test_bind_kernel_makes_an_engine_a_kernel_a_frontend_connects_to(lounge_dir)
             kc.stop_channels()
         assert reply["content"]["status"] == "ok"
         assert rc[0].pull("x", block=True) == 42  # the same namespace, still the cluster's
+    finally:
+        cluster.stop_sync()
+
+
+def test_bind_kernel_on_a_local_cluster_opens_unix_sockets_in_its_folder(lounge_dir):
+    """On a local cluster (ipc://, no CurveZMQ) bind_kernel() works too, and its kernel's
+    sockets are Unix sockets in the cluster's private folder, not loopback ports."""
+    from jupyter_client import BlockingKernelClient
+
+    cluster = Lounge(1, engines="ipyparallel", wait=True).start_sync()
+    try:
+        rc = cluster.client
+        rc[0].execute("import ipyparallel\nipyparallel.bind_kernel()", block=True)
+        kc = BlockingKernelClient(connection_file=rc[0].apply_sync(_connection_file))
+        kc.load_connection_file()
+        assert kc.transport == "ipc" and kc.ip.startswith(cluster.socket_dir + "/k"), kc.ip
+        kc.start_channels()
+        try:
+            reply = kc.execute_interactive("y = 6 * 7", timeout=30)
+        finally:
+            kc.stop_channels()
+        assert reply["content"]["status"] == "ok"
+        assert rc[0].pull("y", block=True) == 42
     finally:
         cluster.stop_sync()
 

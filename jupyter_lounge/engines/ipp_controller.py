@@ -187,6 +187,18 @@ def controller_class() -> type:
     from ipyparallel.controller.app import IPController
 
     class LoungeController(IPController):
+        def construct_url(self, kind, channel, index=None):
+            # An ipc:// address joins its path and "port" with "-" here but with ":" in
+            # ipyparallel's engines and clients (9.x), which then found nothing: ":" here too.
+            url = super().construct_url(kind, channel, index)
+            info = {"engine": self.engine_info, "client": self.client_info}.get(
+                kind, self.internal_info
+            )
+            interface = info["interface"]
+            if interface.startswith("ipc://") and url.startswith(interface + "-"):
+                url = f"{interface}:{url[len(interface) + 1 :]}"
+            return url
+
         def init_hub(self):
             super().init_hub()
             hub = self.hub

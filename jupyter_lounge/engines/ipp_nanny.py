@@ -115,12 +115,23 @@ class NodeNanny:
         self.registration.connect(self.registration_url)
         service = self.context.socket(zmq.ROUTER)
         _set_curve(service, self.keys, True)
-        port = service.bind_to_random_port("tcp://127.0.0.1")
+        url = self._bind_local(service, f"n{os.getpid()}")
         self.service = ZMQStream(service)
         self.service.on_recv(self._attach)
-        os.write(ready_fd, json.dumps({"nanny_url": f"tcp://127.0.0.1:{port}"}).encode() + b"\n")
+        os.write(ready_fd, json.dumps({"nanny_url": url}).encode() + b"\n")
         os.close(ready_fd)
         self.loop.start()
+
+    def _bind_local(self, sock: Any, name: str) -> str:
+        """Bind ``sock`` for this node's engines alone: where the controller is on Unix
+        sockets (``ipc://``, a cluster on this machine alone), as ``name`` in its private
+        folder; else on a random loopback port (CurveZMQ keeps it to the node's keys)."""
+        transport, where = self.connection["interface"].split("://", 1)
+        if transport == "ipc":
+            url = f"ipc://{os.path.join(os.path.dirname(where), name)}"
+            sock.bind(url)
+            return url
+        return f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"
 
     # -- one engine ----------------------------------------------------------------------
     def _attach(self, frames: list) -> None:
@@ -169,7 +180,7 @@ class NodeNanny:
                 return
             parent = self.context.socket(zmq.DEALER)
             _set_curve(parent, self.keys, True)
-            port = parent.bind_to_random_port("tcp://127.0.0.1")
+            url = self._bind_local(parent, f"r{pid}")
             engine = _Engine(pid, engine_id, pidfd, ZMQStream(control), ZMQStream(parent))
             engine.control.on_recv_stream(lambda stream, raw: self._from_controller(engine, raw))
             engine.parent.on_recv(engine.control.send_multipart)
@@ -178,7 +189,7 @@ class NodeNanny:
             self.session.send(
                 self.service,
                 "lounge_attach_reply",
-                {"url": f"tcp://127.0.0.1:{port}"},
+                {"url": url},
                 ident=idents,
                 parent=msg,
             )

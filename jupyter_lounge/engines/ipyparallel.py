@@ -21,6 +21,7 @@ class IPyParallelEngines(EngineKind):
     controller_name = "ipyparallel controller"
     clean_exit_retires = True  # an engine ends with 0 only when asked: rc.shutdown, exit
     has_node_service = True
+    local_sockets = True
 
     def agent_imports(self) -> None:
         # The engine pulls ~300 modules (ipykernel, and debugpy for the kernel's debugger,
@@ -43,8 +44,10 @@ class IPyParallelEngines(EngineKind):
         import IPython.utils.wildcard  # noqa: F401
         import tornado.platform.asyncio  # noqa: F401
 
-    def probe_address(self, connection: dict) -> tuple[str, int]:
-        host = connection["interface"].split("://", 1)[1]
+    def probe_address(self, connection: dict) -> tuple[str, int] | str:
+        transport, host = connection["interface"].split("://", 1)
+        if transport == "ipc":  # the socket's path (ipyparallel joins it with ":" too)
+            return f"{host}:{connection['registration']}"
         return host, int(connection["registration"])
 
     def prepare(self, connection: dict, options: dict, connection_file: str) -> None:
@@ -75,6 +78,10 @@ class IPyParallelEngines(EngineKind):
         app.ident = engine_ident(node, rank, uuid.uuid4().hex[:8])
         app.lounge_nanny_url = options.get("nanny_url")
         app.enable_nanny = bool(app.lounge_nanny_url)
+        transport, where = app.registration_url.split("://", 1)
+        if transport == "ipc":  # bind_kernel() opens its ports as Unix sockets beside ours
+            app.config.IPKernelApp.transport = "ipc"
+            app.config.IPKernelApp.ip = os.path.join(os.path.dirname(where), f"k{os.getpid()}")
         if restarts == 0:
             app.id = rank
         if _made is not None:
@@ -98,9 +105,14 @@ class IPyParallelEngines(EngineKind):
         profile.mkdir(mode=0o700, exist_ok=True)
         config = profile / "ipcontroller_config.py"
         fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        sockets = options.get("socket_dir")
         with os.fdopen(fd, "w") as f:
             f.write(f"c.Session.key = {secrets.token_hex(32).encode()!r}\n")
-            if options.get("tls"):  # here, not on the command line: it would drop the key
+            if sockets:  # this machine alone: Unix sockets in a folder only we can enter
+                for role, prefix in (("engine", "e"), ("client", "c"), ("monitor", "m")):
+                    f.write(f"c.IPController.{role}_transport = 'ipc'\n")
+                    f.write(f"c.IPController.{role}_ip = {os.path.join(sockets, prefix)!r}\n")
+            elif options.get("tls"):  # here, not on the command line: it would drop the key
                 f.write("c.IPController.enable_curve = True\n")
         # Engines read the user's engine config as stock ones started for the default
         # profile do (nodes without a shared file system get none: their profile is theirs).
@@ -114,7 +126,7 @@ class IPyParallelEngines(EngineKind):
             "-m",
             "jupyter_lounge.engines.ipp_controller",  # the stock one, less O(N) work per engine
             f"--profile-dir={cdir / 'profile'}",
-            f"--ip={listen_ip}",
+            *([] if sockets else [f"--ip={listen_ip}"]),
             f"--HeartMonitor.period={hb}",
             "--HeartMonitor.max_heartmonitor_misses=20",  # ~3 s to declare an engine dead
             "--log-level=WARN",
