@@ -18,9 +18,15 @@ from jupyter_lounge.errors import LoungeError
 from .conftest import wait_until
 
 
-def _sleep(seconds):
+def _sleep(seconds, mark_in=None):
+    """Sleep; first, given a folder, leave a file named for this engine's pid in it: the
+    engine is then running the task (its Ctrl-C handler is in place; before, an engine
+    ignores SIGINT)."""
+    import os
     import time
 
+    if mark_in:
+        open(os.path.join(mark_in, str(os.getpid())), "w").close()
     time.sleep(seconds)
     return seconds
 
@@ -35,24 +41,13 @@ def _spin(seconds):
     return seconds
 
 
-def _sleep_marked(seconds, folder):
-    """Sleep, having first left a file named for this engine's pid in ``folder``: the engine
-    is then running it (its Ctrl-C handler is in place; before, an engine ignores SIGINT)."""
-    import os
-    import time
-
-    open(os.path.join(folder, str(os.getpid())), "w").close()
-    time.sleep(seconds)
-    return seconds
-
-
 def _running(rc, tmp_path):
-    """Both engines run ``_sleep_marked`` for 60 s: its AsyncResult, once they do. The
+    """Both engines run ``_sleep`` for 60 s: its AsyncResult, once they do. The
     controller's queue counts a task as the engine's when it is sent, before the engine runs
     it, and a signal that came then was ignored (seen once in make test)."""
     folder = tmp_path / "running"
     folder.mkdir()
-    ar = rc[:].apply_async(_sleep_marked, 60, str(folder))
+    ar = rc[:].apply_async(_sleep, 60, str(folder))
     wait_until(lambda: len(os.listdir(folder)) == 2, 20, "both engines running the task")
     return ar
 
